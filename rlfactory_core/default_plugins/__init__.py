@@ -1,0 +1,1 @@
+"""Built-in components, registered through the same plugin manager as external plugins."""

@@ -1,0 +1,63 @@
+"""User-facing errors.
+
+Every error a user can cause (bad config, missing plugin, broken model cache ...) is a
+subclass of :class:`RLFactoryError`. It carries a one-line message saying what is wrong and
+a ``hint`` saying what to do. The CLI turns these into one red line plus the hint and exit
+code 1; tracebacks are shown only with ``RLFACTORY_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RLFactoryError",
+    "PluginError",
+    "RegistrationError",
+    "DuplicateComponentError",
+    "UnknownComponentError",
+    "ModelError",
+    "ConfigError",
+]
+
+
+class RLFactoryError(Exception):
+    """Base class of every error meant for the user, not the developer."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+
+class PluginError(RLFactoryError):
+    """A plugin failed to import, or one of its hooks raised (fatal only in strict mode)."""
+
+
+class RegistrationError(RLFactoryError, TypeError):
+    """A plugin passed ``register`` something that does not satisfy the component interface."""
+
+
+class DuplicateComponentError(RLFactoryError):
+    """Two plugins registered a component of the same kind under the same name."""
+
+
+class UnknownComponentError(RLFactoryError, KeyError):
+    """Config or code asked for a component name that no loaded plugin registered."""
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return RLFactoryError.__str__(self)
+
+
+class ModelError(RLFactoryError):
+    """A model name could not be resolved, prepared or loaded."""
+
+
+class ConfigError(RLFactoryError):
+    """The configuration is invalid; ``errors`` lists every problem found, not just the first."""
+
+    def __init__(self, errors: list[str], hint: str | None = None):
+        self.errors = list(errors)
+        message = "invalid config: " + "; ".join(self.errors)
+        super().__init__(message, hint)

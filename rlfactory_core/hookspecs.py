@@ -1,0 +1,207 @@
+"""Every hook RLFactory calls. PLUGINS.md is generated from this file (``make docs``).
+
+A plugin is a module (or object) with functions named like these hooks and decorated with
+``@rlfactory_core.hookimpl``; it is found through the ``rlfactory`` entry-point group::
+
+    [project.entry-points.rlfactory]
+    my_plugin = "my_plugin"
+
+An implementation may accept any subset of a hook's parameters (pluggy passes only the
+ones it names), which is how hooks grow new parameters without breaking old plugins.
+Hooks are never renamed.
+
+Registration hooks are called once per process when a registry is first used, one plugin
+at a time, so a failure is attributed to its plugin and does not stop the others.
+Observer hooks are called at named points of the rollout and training loop; a raising
+observer is reported and skipped (fatal with ``RLFACTORY_STRICT_PLUGINS=1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+__all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
+
+PROJECT_NAME = "rlfactory"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+# ---------------------------------------------------------------------------------------
+# Registration: components referred to by name in the config
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def rlfactory_register_tools(register: Callable[..., None]) -> None:
+    """Register tools the model can call.
+
+    :param register: call ``register(tool)`` once per tool. ``tool`` is an object with
+        ``name``, ``description``, ``parameters`` (a JSON schema) and
+        ``async call(arguments, ctx)`` (see ``rlfactory_core.interfaces.Tool``), or a plain
+        function (sync or async) that is wrapped with ``rlfactory_core.function_tool`` (its
+        schema comes from the type hints, its description from the docstring). Raises
+        ``RegistrationError`` (a ``TypeError``) when the object does not fit, and
+        ``DuplicateComponentError`` naming both plugins when the name is taken.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once per process, one plugin at
+    a time. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_register_tool_managers(register: Callable[..., None]) -> None:
+    """Register tool managers: what runs an env's tool calls (concurrency, timeouts, retries).
+
+    :param register: call ``register(cls)`` with a class whose ``name`` and ``description``
+        are strings and which has ``async call(calls, ctx) -> list[ToolResult]`` and
+        ``async close()`` (``rlfactory_core.interfaces.ToolManager``). It is instantiated
+        as ``cls(tools, **options)``. Raises ``RegistrationError`` or
+        ``DuplicateComponentError`` as for tools.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once per process, one plugin at
+    a time. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_register_parsers(register: Callable[..., None]) -> None:
+    """Register response parsers: the model-family specific tool-call format.
+
+    :param register: call ``register(parser)`` with an instance that has ``name``,
+        ``render_system_prompt(system_prompt, tools) -> str``,
+        ``parse(text) -> ParsedTurn`` (must never raise on model text) and
+        ``render_tool_results(results) -> list[Message]``
+        (``rlfactory_core.interfaces.ResponseParser``). Raises ``RegistrationError`` or
+        ``DuplicateComponentError`` as for tools.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once per process, one plugin at
+    a time. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_register_envs(register: Callable[..., None]) -> None:
+    """Register environments: task families with their data, tools and episode logic.
+
+    :param register: call ``register(cls)`` with a class whose ``name`` and
+        ``description`` are strings and which has ``async reset(sample) -> EnvReset``,
+        ``async step(state, turn, results) -> EnvStep`` and ``async close(state)``
+        (``rlfactory_core.interfaces.Env``). It is instantiated with the env options of
+        the config. Raises ``RegistrationError`` or ``DuplicateComponentError`` as for tools.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once per process, one plugin at
+    a time. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_register_rewards(register: Callable[..., None]) -> None:
+    """Register reward functions: rules, model judges, tool-verified checks.
+
+    :param register: call ``register(cls)`` with a class whose ``name`` and
+        ``description`` are strings and which has
+        ``async score(trajectory, sample) -> RewardOutput``
+        (``rlfactory_core.interfaces.Reward``). It is instantiated with the reward's
+        options from the config. Raises ``RegistrationError`` or
+        ``DuplicateComponentError`` as for tools.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once per process, one plugin at
+    a time. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_register_commands(app: Any) -> None:
+    """Add commands to the ``rlf`` command line.
+
+    :param app: the root ``typer.Typer`` application. Add a command with
+        ``@app.command()`` or a group with ``app.add_typer(sub_app, name="...")``.
+        A plugin whose hook raises is reported by ``rlf plugins list`` and the CLI keeps
+        working without its commands.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once, when the CLI starts, one
+    plugin at a time. Added in 0.1.0.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Observers: named points of the rollout and training loop
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def rlfactory_on_env_step(trajectory: Any, turn: Any, results: Any, step: Any) -> float | None:
+    """Called after every env step of every trajectory (loggers, tracing, process rewards).
+
+    :param trajectory: the ``rlfactory_core.types.Trajectory`` so far, including this turn.
+    :param turn: the ``ParsedTurn`` the model just produced.
+    :param results: the list of ``ToolResult`` for the turn's tool calls (may be empty).
+    :param step: the ``EnvStep`` the env returned for this turn.
+    :return: ``None``, or a float added to this turn's reward (process-reward shaping);
+        the floats of all plugins are summed.
+
+    Calling convention: every implementation is called, results collected; an
+    implementation that raises is reported and skipped. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_on_trajectory_end(trajectory: Any, sample: Any) -> None:
+    """Called once per trajectory after it ended and was closed, before rewards are scored.
+
+    :param trajectory: the finished ``rlfactory_core.types.Trajectory`` (its
+        ``stop_reason`` says why it ended).
+    :param sample: the dataset row the trajectory was generated for.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called; an implementation that raises is
+    reported and skipped. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_on_train_start(config: Any) -> None:
+    """Called once before the first training step.
+
+    :param config: the validated run configuration (read it, do not change it).
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called; an implementation that raises is
+    reported and skipped. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_on_train_step_end(step: int, metrics: dict[str, float]) -> None:
+    """Called after every optimizer step, with that step's metrics (loggers, early stopping).
+
+    :param step: the number of the step just finished, counting from 1.
+    :param metrics: metric name -> value for this step (see the metrics table in the
+        README); a copy, so changing it has no effect.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called; an implementation that raises is
+    reported and skipped. Added in 0.1.0.
+    """
+
+
+@hookspec
+def rlfactory_on_train_end(step: int, metrics: dict[str, float]) -> None:
+    """Called once when training stops, normally or after an interruption.
+
+    :param step: the number of the last finished step (0 when none finished).
+    :param metrics: the last step's metrics (empty when none finished).
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called; an implementation that raises is
+    reported and skipped. Added in 0.1.0.
+    """

@@ -1,0 +1,185 @@
+"""Typed objects passed between the stages of a rollout and a training step.
+
+Plain dataclasses, no behaviour beyond conversion helpers, so every stage (parser, tool
+manager, env, reward, trainer) can be tested with hand-built values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+__all__ = [
+    "Message",
+    "ToolCall",
+    "ToolResult",
+    "ParseError",
+    "ParsedTurn",
+    "Sample",
+    "Segment",
+    "Trajectory",
+    "RewardOutput",
+    "EnvReset",
+    "EnvStep",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+#: One dataset row. Envs define which keys they need (e.g. ``question``, ``answer``); the
+#: core only relies on ``id`` when present.
+Sample = Mapping[str, Any]
+
+
+@dataclass
+class ToolCall:
+    """A call the model asked for: tool ``name`` with JSON ``arguments``."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+
+@dataclass
+class Message:
+    """One chat message, convertible to the dict form chat templates expect."""
+
+    role: Role
+    content: str
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            # The OpenAI / HF chat-template shape: {"type": "function", "function": {...}}.
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return out
+
+
+@dataclass
+class ToolResult:
+    """What running one :class:`ToolCall` produced.
+
+    ``content`` is the text the model will see. ``error`` is set when the call failed
+    (unknown tool, invalid arguments, timeout, exception); the content then explains the
+    failure to the model so it can recover. ``transient`` marks errors worth retrying.
+    """
+
+    name: str
+    content: str
+    call_id: str = ""
+    error: str | None = None
+    transient: bool = False
+    latency_s: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class ParseError:
+    """A part of the model's text the parser could not understand, kept for an observation."""
+
+    message: str
+    snippet: str = ""
+
+
+@dataclass
+class ParsedTurn:
+    """A parser's reading of one model turn.
+
+    ``content`` is the visible text with tool-call blocks and reasoning removed;
+    ``reasoning`` is the ``<think>`` text (if the family has one); ``tool_calls`` are the
+    well-formed calls in order; ``errors`` are the malformed ones. ``text`` is the raw turn.
+    """
+
+    text: str
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[ParseError] = field(default_factory=list)
+
+
+@dataclass
+class Segment:
+    """A run of trajectory tokens written by one side.
+
+    ``kind`` is ``"model"`` (sampled by the policy: loss mask 1, ``logprobs`` from the
+    sampler, one per token) or ``"observation"`` (rendered tool results and chat-template
+    glue: loss mask 0, no logprobs).
+    """
+
+    kind: Literal["model", "observation"]
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+    @property
+    def loss_mask(self) -> int:
+        return 1 if self.kind == "model" else 0
+
+
+@dataclass
+class Trajectory:
+    """One episode: the prompt tokens followed by alternating model / observation segments.
+
+    Token ids are kept exactly as produced; model output is never re-tokenized from text.
+    """
+
+    sample_id: str
+    prompt_ids: list[int]
+    messages: list[Message] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_results: list[ToolResult] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    final_answer: str | None = None
+    stop_reason: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return sum(1 for s in self.segments if s.kind == "model")
+
+
+@dataclass
+class RewardOutput:
+    """A reward's score for one trajectory: the ``value`` used for training, and named
+    ``components`` logged as metrics (e.g. ``{"format": 0.1, "exact_match": 1.0}``)."""
+
+    value: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class EnvReset:
+    """What :meth:`Env.reset` returns: the opening messages, the tools the model may call in
+    this episode, and the env's private per-trajectory ``state``."""
+
+    messages: list[Message]
+    tools: list[Any] = field(default_factory=list)
+    state: Any = None
+
+
+@dataclass
+class EnvStep:
+    """What :meth:`Env.step` returns: messages to show the model next (rendered tool
+    results, feedback), whether the episode ended, an optional per-turn reward, and the
+    final answer when the env recognised one."""
+
+    observation: list[Message] = field(default_factory=list)
+    done: bool = False
+    reward: float | None = None
+    final_answer: str | None = None
