@@ -40,6 +40,7 @@ __all__ = [
     "get_component",
     "notify",
     "register_commands",
+    "add_plugin",
     "reset_plugins",
 ]
 
@@ -126,6 +127,8 @@ def _strict() -> bool:
 
 def _report(info: PluginInfo, problem: str, exc: BaseException | None = None) -> None:
     """Record a plugin failure; raise instead when strict mode is on."""
+    if problem in info.problems and not _strict():
+        return  # registries rebuilt after add_plugin() meet the same failure again
     info.problems.append(problem)
     if _strict():
         raise PluginError(f"plugin {info.name!r}: {problem}",
@@ -219,6 +222,19 @@ def _register(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> None:
         _report(info, "; ".join(problems))
 
 
+def add_plugin(plugin: Any, name: str, distribution: str = "(registered at run time)", version: str = "") -> PluginInfo:
+    """Register a plugin object at run time with the same checks entry-point plugins get.
+
+    Registries already built are dropped, so the plugin's components appear on next use.
+    """
+    pm = get_plugin_manager()
+    info = _state.infos[name] = PluginInfo(name=name, distribution=distribution, version=version)
+    _register(pm, plugin, info)
+    _state.registries.clear()
+    _state.conflicts.clear()
+    return info
+
+
 def plugin_infos() -> list[PluginInfo]:
     """Every plugin seen, built-ins first, with the components each provides."""
     get_plugin_manager()
@@ -227,10 +243,13 @@ def plugin_infos() -> list[PluginInfo]:
     return sorted(_state.infos.values(), key=lambda i: (not i.builtin, i.name))
 
 
-def _impls(hook_name: str) -> list[pluggy.HookImpl]:
-    """The hook's implementations in pluggy's calling order."""
+def _impls(hook_name: str, registration_order: bool = False) -> list[pluggy.HookImpl]:
+    """The hook's implementations in pluggy's calling order (last registered first), or in
+    registration order: built-ins, then installed plugins, then ones added at run time, so
+    that in a name clash the plugin that came later is the one reported."""
     pm = get_plugin_manager()
-    return list(reversed(getattr(pm.hook, hook_name).get_hookimpls()))
+    impls = getattr(pm.hook, hook_name).get_hookimpls()
+    return list(impls) if registration_order else list(reversed(impls))
 
 
 def _call_impl(impl: pluggy.HookImpl, **kwargs: Any) -> Any:
@@ -254,7 +273,9 @@ def components(kind: str) -> dict[str, Component]:
         return _state.registries[kind]
     registry: dict[str, Component] = {}
     conflicts: dict[str, list[str]] = {}
-    for impl in _impls(REGISTRATION_HOOKS[kind]):
+    for info in _state.infos.values():
+        info.components.pop(kind, None)
+    for impl in _impls(REGISTRATION_HOOKS[kind], registration_order=True):
         info = _info_for(impl.plugin_name)
         staged: dict[str, Component] = {}
 

