@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from rlfactory_core import plugins
@@ -43,9 +41,3 @@ def default_model_dir():
 
     return prepare_model(DEFAULT_MODEL)
 
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "exercises_hook(name): the test calls hook `name` through the plugin manager")
-    # Tests must never reach a model hub.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
