@@ -175,8 +175,9 @@ class EnvReset:
 
 @dataclass
 class EnvStep:
-    """What :meth:`Env.step` returns: messages to show the model next (rendered tool
-    results, feedback), whether the episode ended, an optional per-turn reward, and the
+    """What :meth:`Env.step` returns: extra messages to show the model next (feedback such
+    as "no tool call found"; the rollout engine itself renders the turn's tool results
+    through the parser), whether the episode ended, an optional per-turn reward, and the
     final answer when the env recognised one."""
 
     observation: list[Message] = field(default_factory=list)
