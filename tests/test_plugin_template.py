@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlfactory_cli.plugin_template import TEMPLATE_DIR
-from rlfactory_cli.plugins_cmd import DEFAULT_DESCRIPTION, DEFAULT_KINDS, TEMPLATE_KINDS
+from rlfactory_cli.scaffold import DEFAULT_DESCRIPTION, DEFAULT_KINDS, TEMPLATE_KINDS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ALL_KINDS = ",".join(TEMPLATE_KINDS)
@@ -290,7 +290,7 @@ def test_wheel_ships_the_template(tmp_path):
     # Installed from the wheel (first on the path), `rlf plugins new` renders from the installed copy.
     site = tmp_path / "site"
     pip_install(wheel, site, cwd=tmp_path)
-    script = ("import sys; from rlfactory_cli.plugins_cmd import create_plugin; "
+    script = ("import sys; from rlfactory_cli.scaffold import create_plugin; "
               "from rlfactory_cli.plugin_template import TEMPLATE_DIR; "
               "print(TEMPLATE_DIR); print(create_plugin('demo', kinds='env', output_dir=sys.argv[1]))")
     rendered = run_python("-c", script, str(tmp_path / "out"), env=subprocess_env(site), cwd=tmp_path)
