@@ -441,3 +441,14 @@ def test_plugins_add_cli_commands_and_a_raising_one_does_not_break_the_cli(tmp_p
     assert "cmdbroken" in err and "cannot add commands" in err
     code, out, _ = rlf("envs", "list")
     assert code == 0
+
+
+def test_plugins_list_shows_installed_plugins_and_all_adds_the_builtins(rlf):
+    code, out, _ = rlf("plugins", "list")
+    assert code == 0 and "qwen3" in out and "parser: qwen3" in out
+    assert "built-in plugins of rlfactory: `rlf plugins list --all` shows them" in out
+    code, out, _ = rlf("plugins", "list", "--all", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows["qwen3"]["status"] == "ok" and rows["qwen3"]["components"] == {"parser": ["qwen3"]}
+    assert {"rlfactory.tools", "rlfactory.tool_managers", "rlfactory.rewards"} <= set(rows)
+    assert all(rows[name]["builtin"] for name in ("rlfactory.tools", "rlfactory.rewards"))

@@ -25,7 +25,9 @@ def list_plugins(
     show_all: Annotated[bool, typer.Option("--all", help="Include the built-in plugins of rlfactory itself.")] = False,
 ) -> None:
     """Installed plugins: version, hooks implemented, components provided, status."""
-    infos = [info for info in plugin_infos() if show_all or not info.builtin]
+    everything = plugin_infos()
+    infos = [info for info in everything if show_all or not info.builtin]
+    hidden = len(everything) - len(infos)
     if as_json:
         out.print_json(json.dumps([info.to_dict() for info in infos]))
         return
@@ -43,6 +45,8 @@ def list_plugins(
     for info in infos:
         for problem in info.problems:  # in full, below the table, where nothing truncates them
             out.print(f"[red]broken[/] {info.name}: {problem}", soft_wrap=True, highlight=False)
+    if hidden:
+        out.print(f"[dim]and {hidden} built-in plugins of rlfactory: `rlf plugins list --all` shows them[/]")
 
 
 @app.command("new")
