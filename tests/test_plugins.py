@@ -452,3 +452,12 @@ def test_plugins_list_shows_installed_plugins_and_all_adds_the_builtins(rlf):
     assert rows["qwen3"]["status"] == "ok" and rows["qwen3"]["components"] == {"parser": ["qwen3"]}
     assert {"rlfactory.tools", "rlfactory.tool_managers", "rlfactory.rewards"} <= set(rows)
     assert all(rows[name]["builtin"] for name in ("rlfactory.tools", "rlfactory.rewards"))
+
+
+def test_version_and_errors_are_one_line(rlf):
+    from rlfactory_core import __version__
+
+    assert rlf("--version") == (0, f"rlf {__version__}\n", "")
+    code, out, err = rlf("models", "prepare", "./no-such-model")
+    assert code == 1 and out == ""
+    assert err.startswith("Error: ") and "Traceback" not in err and len(err.strip().splitlines()) <= 2
