@@ -18,7 +18,9 @@ name is then unusable (asking for it raises) rather than silently resolved to ei
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import inspect
 import logging
 import os
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ import pluggy
 from . import hookspecs
 from .errors import DuplicateComponentError, PluginError, UnknownComponentError
 from .interfaces import COMPONENT_KINDS, check_component
+from .tools import function_tool
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -161,9 +164,7 @@ def reset_plugins() -> None:
 
 
 def _load_default_plugins(pm: pluggy.PluginManager) -> None:
-    import importlib
-
-    from . import __version__
+    from . import __version__  # here: the package's __init__ may still be importing us
 
     for plugin_name, module_name in DEFAULT_PLUGINS.items():
         module = importlib.import_module(module_name)
@@ -308,11 +309,7 @@ def components(kind: str) -> dict[str, Component]:
 
 
 def _normalise(kind: str, obj: Any) -> Any:
-    import inspect
-
     if kind == "tool" and inspect.isfunction(obj):
-        from .tools import function_tool
-
         return function_tool(obj)
     return obj
 
