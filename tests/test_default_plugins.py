@@ -114,7 +114,9 @@ async def test_tool_manager_accepts_a_tool_result_from_the_tool():
             return ToolResult(name="lookup", content="found", metadata={"hits": 1})
 
     [result] = await ConcurrentToolManager([Lookup()]).call([ToolCall("lookup", {}, id="x")])
-    assert (result.content, result.call_id, result.metadata) == ("found", "x", {"hits": 1})
+    assert (result.content, result.call_id, result.error) == ("found", "x", None)
+    # The tool's own metadata is kept; the manager adds its bookkeeping next to it.
+    assert result.metadata == {"hits": 1, "attempts": 1, "wait_s": result.metadata["wait_s"], "cached": False}
 
 
 def test_normalize_answer():
