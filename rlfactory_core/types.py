@@ -119,12 +119,15 @@ class Segment:
 
     ``kind`` is ``"model"`` (sampled by the policy: loss mask 1, ``logprobs`` from the
     sampler, one per token) or ``"observation"`` (rendered tool results and chat-template
-    glue: loss mask 0, no logprobs).
+    glue: loss mask 0, no logprobs). ``num_messages`` is how many of the trajectory's
+    ``messages`` the segment renders (1 for a model turn), which marks turn boundaries in
+    the conversation.
     """
 
     kind: Literal["model", "observation"]
     token_ids: list[int]
     logprobs: list[float] | None = None
+    num_messages: int = 1
 
     @property
     def loss_mask(self) -> int:

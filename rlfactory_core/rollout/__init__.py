@@ -1,0 +1,35 @@
+"""The rollout engine: turning prompts into token-exact multi-turn tool-using trajectories.
+
+- :mod:`.agent_loop`: one asyncio task per trajectory (``rollout``, ``run_trajectory``,
+  ``RolloutConfig``, ``rollout_metrics``)
+- :mod:`.render`: chat-template deltas for observations, the re-tokenization checker
+- :mod:`.backend`: the generation backend interface and ``make_backend`` (``auto``,
+  ``hf``, ``vllm``); implementations in :mod:`.hf_backend` and :mod:`.vllm_backend`
+- :mod:`.tensors`: trajectories to padded or packed tensors
+
+Importing this package does not import torch, transformers or vLLM; the backends and
+``to_tensordict`` import them when used.
+"""
+
+from .agent_loop import STOP_REASONS, RolloutConfig, SamplingConfig, rollout, rollout_metrics, run_trajectory
+from .backend import BACKEND_NAMES, Backend, Generation, SamplingParams, make_backend
+from .render import ChatTemplate, RetokenizationReport, check_retokenization
+from .tensors import to_tensordict
+
+__all__ = [
+    "rollout",
+    "run_trajectory",
+    "RolloutConfig",
+    "SamplingConfig",
+    "rollout_metrics",
+    "STOP_REASONS",
+    "Backend",
+    "Generation",
+    "SamplingParams",
+    "make_backend",
+    "BACKEND_NAMES",
+    "ChatTemplate",
+    "RetokenizationReport",
+    "check_retokenization",
+    "to_tensordict",
+]

@@ -1,0 +1,321 @@
+"""The multi-turn agent loop: generate -> parse -> run tools -> env step -> observe -> repeat.
+
+Every trajectory is its own asyncio task, so trajectories never wait for each other: while
+one waits for a slow tool, the backend keeps generating for the rest (the opposite of the
+lockstep "whole batch per turn" loop of Search-R1 and RL-Factory, where every turn waits
+for the slowest generation and then for the slowest tool of the batch).
+
+One trajectory::
+
+    env.reset(sample)                -> opening messages, tools, private state
+    prompt ids = chat template(system prompt with the parser's tools section + messages)
+    repeat:
+        backend.generate(all ids so far, the same sampling every turn)   -> model segment
+        parser.parse(text of the new ids)                                -> tool calls, errors
+        tool manager runs the calls (concurrently, limits, timeouts)    -> results
+        env.step(state, parsed turn, results)                            -> feedback, done, reward
+        observation = parser.render_tool_results(results) + feedback
+        ids += chat-template delta of the observation                    -> observation segment
+    env.close(state)                                                     (always)
+
+It ends (``Trajectory.stop_reason``) on: ``no_tool_call`` (the model answered; when
+no follow-up from the env, or always with ``stop_on_no_tool_call``), ``env_done``, ``max_turns``, ``token_budget`` (the next turn or
+observation would not fit ``max_trajectory_tokens``: the context is never silently cut),
+``prompt_too_long``, ``tool_error`` (with ``on_tool_error="end"``), ``aborted`` (the backend
+gave up on a request), ``env_error`` / ``generation_error`` (an exception, recorded in
+``metadata["error"]``; the batch goes on). Failures of tools and parse errors are shown to
+the model as error observations and counted in ``metadata``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any, Literal, Sequence
+
+import pydantic
+
+from ..plugins import notify
+from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, Trajectory
+from .backend import Backend, SamplingParams
+from .render import ChatTemplate
+
+__all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_metrics", "STOP_REASONS"]
+
+log = logging.getLogger("rlfactory.rollout")
+
+STOP_REASONS = (
+    "no_tool_call", "env_done", "max_turns", "token_budget", "prompt_too_long",
+    "tool_error", "aborted", "env_error", "generation_error", "cancelled",
+)
+
+
+class SamplingConfig(pydantic.BaseModel):
+    """Sampling settings, the same on every turn of every trajectory."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    temperature: float = pydantic.Field(1.0, ge=0, description="0 = greedy")
+    top_p: float = pydantic.Field(1.0, gt=0, le=1)
+    top_k: int = pydantic.Field(-1, ge=-1, description="-1 = off")
+    seed: int | None = pydantic.Field(None, description="base seed; trajectory i uses seed + i")
+    stop_token_ids: list[int] = pydantic.Field(default_factory=list, description="end a turn besides EOS")
+
+
+class RolloutConfig(pydantic.BaseModel):
+    """How trajectories are generated. Unknown keys are errors."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    max_turns: int = pydantic.Field(8, ge=1, description="model turns per trajectory")
+    max_tokens_per_turn: int = pydantic.Field(256, ge=1, description="new tokens per model turn")
+    max_trajectory_tokens: int = pydantic.Field(
+        2048, ge=2, description="prompt + every turn and observation; never silently truncated")
+    stop_on_no_tool_call: bool = pydantic.Field(
+        False, description="a turn without tool calls (and without parse errors) always ends the trajectory; "
+                           "when false (the default) it ends unless the env answers it with feedback "
+                           "(a follow-up question, 'no answer found, try again')")
+    on_tool_error: Literal["observe", "end", "penalty"] = pydantic.Field(
+        "observe", description="failed tool calls and parse errors: show the error and go on; "
+                               "end the trajectory; or go on with tool_error_penalty added per failure")
+    tool_error_penalty: float = pydantic.Field(-0.1, description="per-failure turn reward for on_tool_error=penalty")
+    sampling: SamplingConfig = pydantic.Field(default_factory=SamplingConfig)
+
+    def sampling_params(self, index: int = 0) -> SamplingParams:
+        s = self.sampling
+        return SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=self.max_tokens_per_turn,
+            stop_token_ids=tuple(s.stop_token_ids), seed=None if s.seed is None else s.seed + index,
+        )
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
+    """The opening messages with the tools described in the system prompt by the parser."""
+    if not tools:
+        return list(messages)
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        system = Message(role="system", content=parser.render_system_prompt(first.content, tools))
+        return [system, *messages[1:]]
+    return [Message(role="system", content=parser.render_system_prompt("", tools)), *messages]
+
+
+def _parse(parser: Any, text: str) -> ParsedTurn:
+    try:
+        return parser.parse(text)
+    except Exception as exc:  # noqa: BLE001 - the contract says never raise; a bug must not end the batch
+        from ..types import ParseError
+
+        return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(f"the parser failed: {_one_line(exc)}")])
+
+
+def _parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
+    return [ToolResult(name="parser", content=f"Error: {e.message}", error="parse_error") for e in turn.errors]
+
+
+def _token_limit(config: RolloutConfig, backend: Any) -> int:
+    """``max_trajectory_tokens``, lowered to the model's context length when the backend
+    knows it (a longer request would be refused by the backend)."""
+    context_length = getattr(backend, "max_model_len", None)
+    if isinstance(context_length, int) and context_length > 0:
+        return min(config.max_trajectory_tokens, context_length)
+    return config.max_trajectory_tokens
+
+
+def _observer_reward(values: list[Any]) -> float:
+    total = 0.0
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            total += float(value)
+        else:
+            log.warning("an on_env_step observer returned %r; expected a number or None (ignored)", value)
+    return total
+
+
+async def run_trajectory(
+    sample: Sample,
+    *,
+    env: Any,
+    parser: Any,
+    tool_manager: Any,
+    backend: Backend,
+    chat: ChatTemplate,
+    config: RolloutConfig,
+    index: int = 0,
+) -> Trajectory:
+    """Run one episode of ``env`` for ``sample`` to its end. Never raises for a failure of
+    the env, the tools or the backend: the trajectory ends with the reason recorded."""
+    sample_id = str(sample.get("id", index)) if hasattr(sample, "get") else str(index)
+    trajectory = Trajectory(sample_id=sample_id, prompt_ids=[])
+    errors: Counter[str] = Counter()
+    trajectory.metadata.update(tool_errors=errors, parse_errors=0, generation_s=0.0, tool_s=0.0)
+    state: Any = None
+    reset: EnvReset | None = None
+    try:
+        try:
+            reset = await env.reset(sample)
+        except Exception as exc:  # noqa: BLE001 - one bad sample must not end the batch
+            return _end(trajectory, "env_error", f"env.reset failed: {_one_line(exc)}")
+        state = reset.state
+        messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
+        trajectory.messages = list(messages)
+        trajectory.prompt_ids = chat.prompt_ids(messages)
+        context = list(trajectory.prompt_ids)
+        limit = _token_limit(config, backend)
+        if len(context) >= limit:
+            return _end(trajectory, "prompt_too_long", f"the prompt has {len(context)} tokens; the limit is {limit}")
+        tool_names = {tool.name for tool in reset.tools} if reset.tools else None
+        sampling = config.sampling_params(index)
+        for turn_index in range(config.max_turns):
+            budget = limit - len(context)
+            started = time.perf_counter()
+            try:
+                generation = await backend.generate(context, sampling.with_max_tokens(min(budget, sampling.max_tokens)))
+            except Exception as exc:  # noqa: BLE001
+                return _end(trajectory, "generation_error", f"generation failed: {_one_line(exc)}")
+            trajectory.metadata["generation_s"] += time.perf_counter() - started
+            trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs)))
+            context.extend(generation.token_ids)
+            text = chat.decode(generation.token_ids)
+            trajectory.messages.append(Message(role="assistant", content=text))
+            if generation.finish_reason == "abort":
+                return _end(trajectory, "aborted", "the backend aborted the request")
+
+            turn = _parse(parser, text)
+            trajectory.tool_calls.extend(turn.tool_calls)
+            trajectory.metadata["parse_errors"] += len(turn.errors)
+            results: list[ToolResult] = []
+            if turn.tool_calls:
+                started = time.perf_counter()
+                ctx = {"sample": sample, "state": state, "trajectory": trajectory, "tool_names": tool_names}
+                results = await tool_manager.call(turn.tool_calls, ctx)
+                trajectory.metadata["tool_s"] += time.perf_counter() - started
+                trajectory.tool_results.extend(results)
+            failures = [r for r in results if not r.ok]
+            for result in failures:
+                errors[result.error or "error"] += 1
+
+            try:
+                step = await env.step(state, turn, results)
+            except Exception as exc:  # noqa: BLE001
+                return _end(trajectory, "env_error", f"env.step failed: {_one_line(exc)}")
+            reward = (step.reward or 0.0) + _observer_reward(
+                notify("rlfactory_on_env_step", trajectory=trajectory, turn=turn, results=results, step=step))
+            n_failures = len(failures) + len(turn.errors)
+            if n_failures and config.on_tool_error == "penalty":
+                reward += config.tool_error_penalty * n_failures
+            trajectory.turn_rewards.append(reward)
+            if step.final_answer is not None:
+                trajectory.final_answer = step.final_answer
+
+            answered = not turn.tool_calls and not turn.errors
+            if answered and trajectory.final_answer is None:
+                trajectory.final_answer = turn.content
+            if step.done:
+                return _end(trajectory, "env_done")
+            if answered and (config.stop_on_no_tool_call or not step.observation):
+                return _end(trajectory, "no_tool_call")
+            if n_failures and config.on_tool_error == "end":
+                return _end(trajectory, "tool_error", f"{n_failures} failed tool call(s) or parse error(s)")
+            if turn_index + 1 == config.max_turns:
+                return _end(trajectory, "max_turns")
+
+            observation = [*parser.render_tool_results([*_parse_error_results(turn), *results]), *step.observation]
+            try:
+                observation_ids = chat.observation_ids(generation.token_ids, observation)
+            except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a message
+                return _end(trajectory, "env_error", f"rendering the observation failed: {_one_line(exc)}")
+            # Room for the observation and at least one generated token, or the episode ends
+            # here with a recorded reason: the context is never silently cut.
+            if len(context) + len(observation_ids) >= limit:
+                return _end(trajectory, "token_budget",
+                            f"the next observation ({len(observation_ids)} tokens) does not fit the "
+                            f"trajectory's limit of {limit} tokens")
+            trajectory.segments.append(Segment("observation", observation_ids, num_messages=len(observation)))
+            context.extend(observation_ids)
+            trajectory.messages.extend(observation)
+        return _end(trajectory, "max_turns")
+    except asyncio.CancelledError:
+        _end(trajectory, "cancelled")
+        raise
+    finally:
+        if reset is not None:
+            try:
+                await env.close(state)
+            except Exception as exc:  # noqa: BLE001 - a failing close is logged, the trajectory is kept
+                log.warning("env.close failed for sample %s: %s", sample_id, _one_line(exc))
+                trajectory.metadata.setdefault("close_error", _one_line(exc))
+        trajectory.metadata["tool_errors"] = dict(errors)
+
+
+def _end(trajectory: Trajectory, reason: str, error: str | None = None) -> Trajectory:
+    trajectory.stop_reason = reason
+    if error is not None:
+        trajectory.metadata["error"] = error
+        if reason in ("env_error", "generation_error"):
+            log.warning("trajectory %s ended (%s): %s", trajectory.sample_id, reason, error)
+    return trajectory
+
+
+async def rollout(
+    samples: Sequence[Sample],
+    *,
+    env: Any,
+    parser: Any,
+    tool_manager: Any,
+    backend: Backend,
+    chat: ChatTemplate,
+    config: RolloutConfig,
+    group_size: int = 1,
+) -> list[Trajectory]:
+    """``group_size`` trajectories per sample, all running at once; returned in sample
+    order (the ``group_size`` trajectories of sample 0 first). Observers see each
+    trajectory end (``rlfactory_on_trajectory_end``)."""
+
+    async def one(i: int, sample: Sample) -> Trajectory:
+        trajectory = await run_trajectory(sample, env=env, parser=parser, tool_manager=tool_manager,
+                                          backend=backend, chat=chat, config=config, index=i)
+        trajectory.metadata["group"] = i // group_size
+        notify("rlfactory_on_trajectory_end", trajectory=trajectory, sample=sample)
+        return trajectory
+
+    jobs = [one(i, sample) for i, sample in enumerate(s for s in samples for _ in range(group_size))]
+    return list(await asyncio.gather(*jobs))
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Flat metrics of a batch of trajectories (keys documented in the README's metrics table):
+
+    ``rollout/trajectories``, ``rollout/turns_mean``, ``rollout/model_tokens_mean`` (tokens
+    the model wrote per trajectory), ``rollout/total_tokens_mean`` (prompt + all segments),
+    ``rollout/tool_calls`` (total), ``rollout/tool_errors`` (total failed calls),
+    ``rollout/tool_errors/<kind>``, ``rollout/parse_errors``, ``rollout/stop/<reason>`` (share
+    of trajectories ending for each reason).
+    """
+    n = len(trajectories)
+    if n == 0:
+        return {"rollout/trajectories": 0.0}
+    metrics: dict[str, float] = {"rollout/trajectories": float(n)}
+    model_tokens = [sum(len(s.token_ids) for s in t.segments if s.kind == "model") for t in trajectories]
+    total_tokens = [len(t.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories]
+    metrics["rollout/turns_mean"] = sum(t.num_turns for t in trajectories) / n
+    metrics["rollout/model_tokens_mean"] = sum(model_tokens) / n
+    metrics["rollout/total_tokens_mean"] = sum(total_tokens) / n
+    metrics["rollout/tool_calls"] = float(sum(len(t.tool_calls) for t in trajectories))
+    kinds: Counter[str] = Counter()
+    for t in trajectories:
+        kinds.update(t.metadata.get("tool_errors", {}))
+    metrics["rollout/tool_errors"] = float(sum(kinds.values()))
+    for kind, count in sorted(kinds.items()):
+        metrics[f"rollout/tool_errors/{kind}"] = float(count)
+    metrics["rollout/parse_errors"] = float(sum(t.metadata.get("parse_errors", 0) for t in trajectories))
+    for reason, count in sorted(Counter(t.stop_reason for t in trajectories).items()):
+        metrics[f"rollout/stop/{reason}"] = count / n
+    return metrics

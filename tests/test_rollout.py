@@ -1,0 +1,360 @@
+"""The agent loop end to end: the default model, the qwen3 parser, real tools, the hf backend.
+
+The built-in ``arithmetic`` env shows the embedded 135M model two example tool calls,
+which it then imitates, so these trajectories contain real calls written by a real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rlfactory_core import hookimpl
+from rlfactory_core.default_plugins.envs import ArithmeticEnv
+from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+from rlfactory_core.models import load_tokenizer
+from rlfactory_core.plugins import get_component
+from rlfactory_core.rollout import (
+    ChatTemplate,
+    RolloutConfig,
+    check_retokenization,
+    rollout,
+    rollout_metrics,
+    to_tensordict,
+)
+from rlfactory_core.rollout.hf_backend import HFBackend
+from rlfactory_core.testing import registered_plugin
+from rlfactory_core.tools import function_tool
+from rlfactory_core.types import Message
+
+GREEDY = {"sampling": {"temperature": 0.0}, "max_tokens_per_turn": 48, "max_turns": 4}
+
+
+@pytest.fixture(scope="module")
+def chat(default_model_dir):
+    return ChatTemplate(load_tokenizer(default_model_dir))
+
+
+@pytest.fixture(scope="module")
+def backend(default_model_dir):
+    backend = HFBackend(default_model_dir)
+    yield backend
+    asyncio.run(backend.close())
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return get_component("parser", "qwen3")
+
+
+def make_env(tool=None, **options) -> ArithmeticEnv:
+    env = ArithmeticEnv(**options)
+    if tool is not None:
+        env.tools = [tool]
+    return env
+
+
+async def run(env, backend, chat, parser, samples=None, manager=None, group_size=1, **config):
+    manager = manager or ConcurrentToolManager(env.tools, timeout_s=60.0)
+    trajectories = await rollout(
+        samples if samples is not None else env.dataset(2), env=env, parser=parser, tool_manager=manager,
+        backend=backend, chat=chat, config=RolloutConfig(**{**GREEDY, **config}), group_size=group_size)
+    return trajectories
+
+
+def all_ids(trajectory) -> list[int]:
+    return trajectory.prompt_ids + [i for s in trajectory.segments for i in s.token_ids]
+
+
+async def test_multi_turn_rollout_is_token_exact(backend, chat, parser):
+    env = make_env(questions_per_episode=2)
+    trajectories = await run(env, backend, chat, parser, env.dataset(3))
+    calls = [c for t in trajectories for c in t.tool_calls]
+    assert calls and all(c.name == "calculator" for c in calls)
+    assert any(r.ok and r.content.lstrip("-").isdigit() for t in trajectories for r in t.tool_results)
+    for trajectory in trajectories:
+        assert trajectory.num_turns >= 2, trajectory.messages
+        # After every observation, the ids kept so far decode to exactly the template's
+        # rendering of the conversation so far, ready for the next assistant turn.
+        ids, n_messages = list(trajectory.prompt_ids), len(trajectory.messages) - sum(
+            s.num_messages for s in trajectory.segments)
+        for segment in trajectory.segments:
+            ids += segment.token_ids
+            n_messages += segment.num_messages
+            if segment.kind == "observation":
+                rendered = chat.render(trajectory.messages[:n_messages], add_generation_prompt=True)
+                assert chat.decode(ids, skip_special_tokens=False) == rendered
+        assert check_retokenization(trajectory, chat).ok, check_retokenization(trajectory, chat).describe()
+
+
+async def test_loss_mask_covers_exactly_the_model_tokens(backend, chat, parser):
+    env = make_env()
+    trajectories = await run(env, backend, chat, parser)
+    batch = to_tensordict(trajectories, pad_token_id=chat.tokenizer.pad_token_id, layout="padded")
+    packed = to_tensordict(trajectories, layout="packed")
+    for row, trajectory in enumerate(trajectories):
+        model_ids = [i for s in trajectory.segments if s.kind == "model" for i in s.token_ids]
+        model_logprobs = [lp for s in trajectory.segments if s.kind == "model" for lp in s.logprobs]
+        mask = batch["loss_mask"][row].bool()
+        assert batch["input_ids"][row][mask].tolist() == model_ids
+        assert batch["logprobs"][row][mask].tolist() == pytest.approx(model_logprobs)
+        assert all(lp <= 0 for lp in model_logprobs)
+        n = len(all_ids(trajectory))
+        assert batch["input_ids"][row, :n].tolist() == all_ids(trajectory)
+        assert batch["attention_mask"][row].sum() == n
+        start, end = packed["cu_seqlens"][row].item(), packed["cu_seqlens"][row + 1].item()
+        assert packed["input_ids"][start:end].tolist() == all_ids(trajectory)
+        assert packed["loss_mask"][start:end].tolist() == batch["loss_mask"][row, :n].tolist()
+        assert packed["position_ids"][start:end].tolist() == list(range(n))
+
+
+class RecordingBackend:
+    """Passes requests to the real backend and keeps the sampling settings of each."""
+
+    name = "recording"
+
+    def __init__(self, backend):
+        self.backend, self.requests = backend, []
+
+    async def generate(self, prompt_ids, sampling):
+        self.requests.append((len(prompt_ids), sampling))
+        return await self.backend.generate(prompt_ids, sampling)
+
+
+async def test_every_turn_samples_with_the_same_settings(backend, chat, parser):
+    recording = RecordingBackend(backend)
+    env = make_env(questions_per_episode=2)
+    [trajectory] = await run(env, recording, chat, parser, env.dataset(1),
+                             sampling={"temperature": 0.7, "top_p": 0.9, "seed": 3})
+    assert len(recording.requests) == trajectory.num_turns >= 2
+    settings = {(s.temperature, s.top_p, s.top_k, s.seed) for _, s in recording.requests}
+    assert settings == {(0.7, 0.9, -1, 3)}
+
+
+async def test_token_budget_ends_the_trajectory_without_truncation(backend, chat, parser):
+    env = make_env(questions_per_episode=3)
+    [sample] = env.dataset(1)
+    [unbounded] = await run(env, backend, chat, parser, [sample], max_turns=1)
+    prompt_len = len(unbounded.prompt_ids)
+    budget = prompt_len + 60
+    [trajectory] = await run(env, backend, chat, parser, [sample], max_trajectory_tokens=budget, max_turns=8)
+    assert trajectory.stop_reason == "token_budget"
+    assert len(all_ids(trajectory)) <= budget
+    # Either the last turn filled the budget, or the next observation did not fit.
+    assert len(all_ids(trajectory)) == budget or "does not fit" in trajectory.metadata["error"]
+    [short] = await run(env, backend, chat, parser, [sample], max_trajectory_tokens=prompt_len)
+    assert short.stop_reason == "prompt_too_long" and not short.segments
+
+
+async def test_max_turns(backend, chat, parser):
+    env = make_env(questions_per_episode=3)
+    [trajectory] = await run(env, backend, chat, parser, env.dataset(1), max_turns=1)
+    assert trajectory.stop_reason == "max_turns" and trajectory.num_turns == 1
+
+
+def test_config_errors_are_reported_together():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        RolloutConfig(max_turns=0, on_tool_error="explode", unknown_key=1)
+    text = str(info.value)
+    assert "max_turns" in text and "on_tool_error" in text and "unknown_key" in text
+
+
+# ----------------------------------------------------------------- failures are survived
+
+
+def calculator_that(behaviour):
+    async def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression."""
+        return await behaviour(expression)
+    return function_tool(calculator)
+
+
+async def raise_error(expression):
+    raise RuntimeError("the calculator is broken")
+
+
+async def hang(expression):
+    await asyncio.Event().wait()
+
+
+async def test_failing_hanging_and_unknown_tools_become_error_observations(backend, chat, parser):
+    cases = {
+        "exception": calculator_that(raise_error),
+        "timeout": calculator_that(hang),
+        "unknown_tool": function_tool(lambda expression: "0", name="calc", description="a calculator"),
+        "invalid_arguments": function_tool(lambda expression, base: "0", name="calculator", description="needs a base"),
+    }
+    for kind, tool in cases.items():
+        env = make_env(tool)
+        manager = ConcurrentToolManager(env.tools, timeout_s=0.3)
+        [trajectory] = await run(env, backend, chat, parser, env.dataset(1), manager=manager)
+        assert trajectory.metadata["tool_errors"].get(kind, 0) >= 1, (kind, trajectory.metadata)
+        failed = [r for r in trajectory.tool_results if not r.ok]
+        assert failed and failed[0].error == kind
+        # The model saw the error and the episode went on.
+        observation_text = "\n".join(m.content for m in trajectory.messages if m.role == "user")
+        assert failed[0].content in observation_text
+        assert trajectory.num_turns >= 2, kind
+        metrics = rollout_metrics([trajectory])
+        assert metrics[f"rollout/tool_errors/{kind}"] >= 1
+
+
+async def test_slow_tool_is_waited_for(backend, chat, parser):
+    async def slow(expression):
+        await asyncio.sleep(0.4)
+        return "84"
+    env = make_env(calculator_that(slow))
+    [trajectory] = await run(env, backend, chat, parser, env.dataset(1))
+    assert trajectory.tool_results and trajectory.tool_results[0].ok
+    assert trajectory.tool_results[0].latency_s >= 0.4
+
+
+class MalformedCallsEnv(ArithmeticEnv):
+    """Shows example calls with single-quoted (invalid) JSON, which the model imitates."""
+
+    async def reset(self, sample):
+        reset = await super().reset(sample)
+        for message in reset.messages:
+            if message.role == "assistant":
+                message.content = message.content.replace('"', "'")
+        return reset
+
+
+async def test_parse_errors_are_observed_counted_and_policy_applies(backend, chat, parser):
+    env = MalformedCallsEnv()
+    [observed] = await run(env, backend, chat, parser, env.dataset(1), max_turns=2)
+    assert observed.metadata["parse_errors"] >= 1
+    assert any("Error:" in m.content for m in observed.messages[len(observed.messages) - 2:] if m.role == "user") \
+        or observed.num_turns == 2
+    [ended] = await run(env, backend, chat, parser, env.dataset(1), on_tool_error="end")
+    assert ended.stop_reason == "tool_error" and ended.num_turns == 1
+    [penalised] = await run(env, backend, chat, parser, env.dataset(1), max_turns=1, on_tool_error="penalty",
+                            tool_error_penalty=-0.5)
+    assert penalised.turn_rewards[0] <= -0.5
+
+
+class CountingEnv(ArithmeticEnv):
+    def __init__(self, fail_in=None, **options):
+        super().__init__(**options)
+        self.fail_in, self.opened, self.closed = fail_in, 0, 0
+
+    async def reset(self, sample):
+        if self.fail_in == "reset":
+            raise KeyError("no such question")
+        self.opened += 1
+        return await super().reset(sample)
+
+    async def step(self, state, turn, results):
+        if self.fail_in == "step":
+            raise RuntimeError("step failed")
+        return await super().step(state, turn, results)
+
+    async def close(self, state):
+        self.closed += 1
+
+
+async def test_env_failures_end_only_their_trajectory_and_close_is_always_called(backend, chat, parser):
+    for where in ("reset", "step"):
+        env = CountingEnv(fail_in=where)
+        trajectories = await run(env, backend, chat, parser, env.dataset(2))
+        assert {t.stop_reason for t in trajectories} == {"env_error"}
+        assert all(where in t.metadata["error"] for t in trajectories)
+        assert env.closed == env.opened
+
+
+async def test_cancelling_a_rollout_closes_every_episode(backend, chat, parser):
+    started = asyncio.Event()
+
+    async def hang_until_cancelled(expression):
+        started.set()
+        await asyncio.Event().wait()
+
+    env = CountingEnv()
+    env.tools = [calculator_that(hang_until_cancelled)]
+    task = asyncio.create_task(run(env, backend, chat, parser, env.dataset(2),
+                                   manager=ConcurrentToolManager(env.tools, timeout_s=60)))
+    await asyncio.wait_for(started.wait(), timeout=120)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert env.opened == 2 and env.closed == 2
+
+
+async def test_trajectories_never_wait_for_each_other(backend, chat, parser):
+    """One trajectory's tool blocks until the other trajectory has finished completely."""
+    other_done = asyncio.Event()
+
+    async def gated(expression, ctx=None):
+        if ctx["sample"]["id"].endswith("-0"):
+            await asyncio.wait_for(other_done.wait(), timeout=120)
+        return "1"
+
+    class Observer:
+        @hookimpl
+        def rlfactory_on_trajectory_end(self, trajectory, sample):
+            if sample["id"].endswith("-1"):
+                other_done.set()
+
+    async def calculator(expression: str, ctx=None) -> str:
+        """Evaluate an arithmetic expression."""
+        return await gated(expression, ctx)
+
+    env = make_env(function_tool(calculator))
+    manager = ConcurrentToolManager(env.tools, timeout_s=600)
+    with registered_plugin(Observer()):
+        first, second = await run(env, backend, chat, parser, env.dataset(2), manager=manager)
+    assert other_done.is_set()
+    assert first.tool_results and first.tool_results[0].ok
+
+
+@pytest.mark.exercises_hook("rlfactory_on_env_step")
+async def test_on_env_step_rewards_are_added_to_turn_rewards(backend, chat, parser):
+    seen = []
+
+    class Shaping:
+        @hookimpl
+        def rlfactory_on_env_step(self, trajectory, turn, results, step):
+            seen.append((trajectory.sample_id, len(results)))
+            return 0.25
+
+    env = make_env()
+    with registered_plugin(Shaping()):
+        [trajectory] = await run(env, backend, chat, parser, env.dataset(1))
+    assert len(seen) == trajectory.num_turns
+    assert trajectory.turn_rewards == [0.25] * trajectory.num_turns
+
+
+@pytest.mark.exercises_hook("rlfactory_on_trajectory_end")
+async def test_groups_and_trajectory_end_observer(backend, chat, parser):
+    ended = []
+
+    class Observer:
+        @hookimpl
+        def rlfactory_on_trajectory_end(self, trajectory, sample):
+            ended.append((sample["id"], trajectory.stop_reason))
+
+    env = make_env()
+    samples = env.dataset(2)
+    with registered_plugin(Observer()):
+        trajectories = await run(env, backend, chat, parser, samples, group_size=2,
+                                 sampling={"temperature": 1.0, "seed": 0})
+    assert [t.sample_id for t in trajectories] == [samples[0]["id"]] * 2 + [samples[1]["id"]] * 2
+    assert [t.metadata["group"] for t in trajectories] == [0, 0, 1, 1]
+    assert sorted(sample_id for sample_id, _ in ended) == sorted(t.sample_id for t in trajectories)
+    assert all(reason for _, reason in ended)
+    metrics = rollout_metrics(trajectories)
+    assert metrics["rollout/trajectories"] == 4
+    assert sum(v for k, v in metrics.items() if k.startswith("rollout/stop/")) == pytest.approx(1.0)
+
+
+async def test_final_answer_comes_from_the_env(backend, chat, parser):
+    env = make_env()
+    [trajectory] = await run(env, backend, chat, parser, env.dataset(1))
+    assert trajectory.stop_reason in ("env_done", "max_turns")
+    if trajectory.stop_reason == "env_done":
+        assert trajectory.final_answer is not None
+    assert trajectory.messages[0] == Message(role="system", content=trajectory.messages[0].content)
+    assert "<tools>" in trajectory.messages[0].content
