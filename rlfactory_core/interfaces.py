@@ -72,7 +72,13 @@ class Env(Protocol):
     description: ClassVar[str]
 
     async def reset(self, sample: Sample) -> EnvReset:
-        """Start an episode for ``sample``: opening messages, tools, private state."""
+        """Start an episode for ``sample``: opening messages, tools, private state.
+
+        The tools are :class:`Tool` objects (``rlfactory_core.tools.resolve_tools`` makes
+        them from functions, qwen-agent tools and registered names; do it once, not per
+        episode). The parser describes them in the system prompt; the rollout's tool
+        manager, shared by all episodes, must hold them, and calls of a tool this episode
+        did not offer are answered ``unknown_tool``."""
 
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
         """Advance after one model turn and the results of its tool calls."""

@@ -362,6 +362,11 @@ async def test_construction_is_cheap_and_checks_its_options(default_model_dir):
     lazy = make_backend("vllm", str(default_model_dir), kv_cache_gib=0.5)
     assert isinstance(lazy, VLLMBackend) and lazy.max_model_len is None  # nothing started yet
     await lazy.close()
+    auto = make_backend("auto", str(default_model_dir))  # vLLM is importable here
+    assert isinstance(auto, VLLMBackend)
+    await auto.close()
+    with pytest.raises(ConfigError, match="unknown backend 'tgi'"):
+        make_backend("tgi", str(default_model_dir))
 
     refused = VLLMBackend(default_model_dir, max_model_len=100_000)  # the model has 8192
     with pytest.raises(ModelError, match="could not start .*max_model_len"):
