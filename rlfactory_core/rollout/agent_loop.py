@@ -18,9 +18,10 @@ One trajectory::
         ids += chat-template delta of the observation                    -> observation segment
     env.close(state)                                                     (always)
 
-It ends (``Trajectory.stop_reason``) on: ``no_tool_call`` (the model answered; when
-no follow-up from the env, or always with ``stop_on_no_tool_call``), ``env_done``, ``max_turns``, ``token_budget`` (the next turn or
-observation would not fit ``max_trajectory_tokens``: the context is never silently cut),
+It ends (``Trajectory.stop_reason``) on: ``no_tool_call`` (the model answered and the env
+sent no follow-up; always, with ``stop_on_no_tool_call``), ``env_done``, ``max_turns``,
+``token_budget`` (the next turn or observation would not fit ``max_trajectory_tokens`` or
+the model's context: the context is never silently cut),
 ``prompt_too_long``, ``tool_error`` (with ``on_tool_error="end"``), ``aborted`` (the backend
 gave up on a request), ``env_error`` / ``generation_error`` (an exception, recorded in
 ``metadata["error"]``; the batch goes on). Failures of tools and parse errors are shown to
