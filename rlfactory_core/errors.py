@@ -16,6 +16,7 @@ __all__ = [
     "UnknownComponentError",
     "ModelError",
     "ConfigError",
+    "one_line",
 ]
 
 
@@ -61,3 +62,11 @@ class ConfigError(RLFactoryError):
         self.errors = list(errors)
         message = "invalid config: " + "; ".join(self.errors)
         super().__init__(message, hint)
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first non-empty line of the message``, cut to ``limit`` characters: how an
+    exception is shown in one line of a terminal, a table cell or a trajectory's metadata."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 from urllib.parse import urlparse
 
-from .errors import ModelError
+from .errors import ModelError, one_line
 
 if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
     import torch
@@ -404,7 +404,7 @@ def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PRO
             if isinstance(exc, ModelError) or not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit ... stay what they are
             raise ModelError(
-                f"converting embedded model {name!r} failed: {_one_line(exc)}",
+                f"converting embedded model {name!r} failed: {one_line(exc)}",
                 hint="nothing was kept, so running it again starts from scratch; "
                 "RLFACTORY_DEBUG=1 shows the traceback",
             ) from exc
@@ -468,13 +468,6 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> str | Path:
 # --------------------------------------------------------------------------- loading
 
 
-def _one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, short enough for one line of a terminal."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 def _truthy_env(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -531,9 +524,9 @@ def _load_error(what: str, name: str, resolved: str | Path, exc: Exception) -> M
                 hint=_LOCAL_HINT,
             )
         if type(exc).__name__ in {"RepositoryNotFoundError", "GatedRepoError"} or "is not a local folder" in str(exc):
-            return ModelError(f"cannot load {what} {name!r} from the hub: {_one_line(exc)}",
+            return ModelError(f"cannot load {what} {name!r} from the hub: {one_line(exc)}",
                               hint="check the model id, or " + _LOCAL_HINT)
-    return ModelError(f"cannot load {what} {name!r} from {resolved}: {_one_line(exc)}",
+    return ModelError(f"cannot load {what} {name!r} from {resolved}: {one_line(exc)}",
                       hint="rerun with RLFACTORY_DEBUG=1 for the traceback")
 
 
@@ -595,7 +588,7 @@ def load_model(
     try:
         return model.to(device)
     except Exception as exc:  # noqa: BLE001 - e.g. "cuda" on a CPU-only torch
-        raise ModelError(f"cannot move model {name!r} to device {str(device)!r}: {_one_line(exc)}",
+        raise ModelError(f"cannot move model {name!r} to device {str(device)!r}: {one_line(exc)}",
                          hint="use device='cpu', or run `rlf doctor` to see which accelerators torch finds") from exc
 
 

@@ -25,6 +25,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from rlfactory_core.errors import one_line
+
 from .console import out
 
 __all__ = ["doctor", "Check", "run_checks"]
@@ -60,13 +62,6 @@ def _last_line(text: str) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-def _error(exc: BaseException) -> str:
-    """``Type: first line of the message``: one line for a table cell."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
 def _python() -> Check:
     ok = sys.version_info >= (3, 10)
     return Check("python", "ok" if ok else "broken", True, platform.python_version(),
@@ -80,7 +75,7 @@ def _torch() -> Check:
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - any import failure is "broken", not a crash
-        return Check("torch", "broken", True, version, f"import fails: {_error(exc)}")
+        return Check("torch", "broken", True, version, f"import fails: {one_line(exc, limit=200)}")
     try:
         if torch.cuda.is_available():
             count = torch.cuda.device_count()
@@ -89,7 +84,7 @@ def _torch() -> Check:
             build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
             detail = f"CUDA not available ({build}); training runs on CPU"
     except Exception as exc:  # noqa: BLE001 - a broken driver is a detail: torch itself works
-        detail = f"CUDA check failed: {_error(exc)}"
+        detail = f"CUDA check failed: {one_line(exc, limit=200)}"
     return Check("torch", "ok", True, version, detail)
 
 
@@ -101,7 +96,7 @@ def _imported_in_process(name: str, module: str, dist: str, required: bool, deta
     try:
         importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001
-        return Check(name, "broken", required, version, f"import fails: {_error(exc)}")
+        return Check(name, "broken", required, version, f"import fails: {one_line(exc, limit=200)}")
     return Check(name, "ok", required, version, detail)
 
 
@@ -214,7 +209,7 @@ def _chat_template(model: Optional[str]) -> Check:
     except RLFactoryError as exc:
         return Check("chat-template", "broken", False, None, f"{model}: {exc.message}")
     except Exception as exc:  # noqa: BLE001 - a diagnostic reports, it does not crash
-        return Check("chat-template", "broken", False, None, f"{model}: {_error(exc)}")
+        return Check("chat-template", "broken", False, None, f"{model}: {one_line(exc, limit=200)}")
     return Check("chat-template", "ok" if report.ok else "broken", False, None, f"{model}: {report.describe()}")
 
 

