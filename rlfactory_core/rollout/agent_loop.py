@@ -38,6 +38,7 @@ from typing import Any, Literal, Sequence
 
 import pydantic
 
+from ..errors import one_line
 from ..plugins import notify
 from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, Trajectory
 from .backend import Backend, SamplingParams
@@ -92,11 +93,6 @@ class RolloutConfig(pydantic.BaseModel):
         )
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def _with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
     """The opening messages with the tools described in the system prompt by the parser."""
     if not tools:
@@ -114,7 +110,7 @@ def _parse(parser: Any, text: str) -> ParsedTurn:
     except Exception as exc:  # noqa: BLE001 - the contract says never raise; a bug must not end the batch
         from ..types import ParseError
 
-        return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(f"the parser failed: {_one_line(exc)}")])
+        return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(f"the parser failed: {one_line(exc)}")])
 
 
 def _parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
@@ -163,7 +159,7 @@ async def run_trajectory(
         try:
             reset = await env.reset(sample)
         except Exception as exc:  # noqa: BLE001 - one bad sample must not end the batch
-            return _end(trajectory, "env_error", f"env.reset failed: {_one_line(exc)}")
+            return _end(trajectory, "env_error", f"env.reset failed: {one_line(exc)}")
         state = reset.state
         messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
         trajectory.messages = list(messages)
@@ -172,7 +168,7 @@ async def run_trajectory(
         limit = _token_limit(config, backend)
         if len(context) >= limit:
             return _end(trajectory, "prompt_too_long", f"the prompt has {len(context)} tokens; the limit is {limit}")
-        tool_names = {tool.name for tool in reset.tools} if reset.tools else None
+        tool_names = {tool.name for tool in reset.tools}  # calls of other tools are unknown_tool
         sampling = config.sampling_params(index)
         for turn_index in range(config.max_turns):
             budget = limit - len(context)
@@ -180,7 +176,7 @@ async def run_trajectory(
             try:
                 generation = await backend.generate(context, sampling.with_max_tokens(min(budget, sampling.max_tokens)))
             except Exception as exc:  # noqa: BLE001
-                return _end(trajectory, "generation_error", f"generation failed: {_one_line(exc)}")
+                return _end(trajectory, "generation_error", f"generation failed: {one_line(exc)}")
             trajectory.metadata["generation_s"] += time.perf_counter() - started
             trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs)))
             context.extend(generation.token_ids)
@@ -206,7 +202,7 @@ async def run_trajectory(
             try:
                 step = await env.step(state, turn, results)
             except Exception as exc:  # noqa: BLE001
-                return _end(trajectory, "env_error", f"env.step failed: {_one_line(exc)}")
+                return _end(trajectory, "env_error", f"env.step failed: {one_line(exc)}")
             reward = (step.reward or 0.0) + _observer_reward(
                 notify("rlfactory_on_env_step", trajectory=trajectory, turn=turn, results=results, step=step))
             n_failures = len(failures) + len(turn.errors)
@@ -232,7 +228,7 @@ async def run_trajectory(
             try:
                 observation_ids = chat.observation_ids(generation.token_ids, observation)
             except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a message
-                return _end(trajectory, "env_error", f"rendering the observation failed: {_one_line(exc)}")
+                return _end(trajectory, "env_error", f"rendering the observation failed: {one_line(exc)}")
             # Room for the observation and at least one generated token, or the episode ends
             # here with a recorded reason: the context is never silently cut.
             if len(context) + len(observation_ids) >= limit:
@@ -251,8 +247,8 @@ async def run_trajectory(
             try:
                 await env.close(state)
             except Exception as exc:  # noqa: BLE001 - a failing close is logged, the trajectory is kept
-                log.warning("env.close failed for sample %s: %s", sample_id, _one_line(exc))
-                trajectory.metadata.setdefault("close_error", _one_line(exc))
+                log.warning("env.close failed for sample %s: %s", sample_id, one_line(exc))
+                trajectory.metadata.setdefault("close_error", one_line(exc))
         trajectory.metadata["tool_errors"] = dict(errors)
 
 

@@ -91,6 +91,7 @@ class ChatTemplate:
     def _assistant_turn_suffix(self) -> str:
         """What the template writes after an assistant message's content (``<|im_end|>\\n``)."""
         with_turn = self.render([*_REFERENCE, Message(role="assistant", content=_MARKER)])
+        self._reference_turn = with_turn  # what every observation delta is taken against
         at = with_turn.rfind(_MARKER)
         if at == -1:
             raise ModelError(
@@ -123,7 +124,7 @@ class ChatTemplate:
         generation prompt. Raises :class:`ModelError` for templates that do not render
         conversations append-only (the earlier text changes when a message is added)."""
         history = [*_REFERENCE, Message(role="assistant", content=_MARKER)]
-        before = self.render(history)
+        before = self._reference_turn
         after = self.render([*history, *observation], add_generation_prompt=True)
         if not after.startswith(before):
             raise ModelError(
