@@ -13,17 +13,24 @@ The task is the built-in ``arithmetic`` env with several questions per episode (
 call and an answer for each, so several tool calls per trajectory), sampled at
 temperature 0.7 (varied response lengths). Each tool call first sleeps for a random,
 exponentially distributed latency (drawn from a seeded RNG keyed by the call, so both
-schedules see the same latencies for the same calls). The latency's mean is swept as a
-multiple of the generation time of one turn, measured in the same run (the mean time of
-one ``generate`` request in the zero-latency async run); on a GPU generation is tens of
-times faster than here, so there tools weigh several times more.
+schedules see the same latencies for the same calls).
+
+The rollout batch (64 trajectories) is twice the engine's concurrency (32 sequences,
+vLLM's ``max_num_seqs`` / hf's ``max_batch_size``), as in training, where a step's
+prompts x group size exceed what the engine runs at once: the engine queues the rest, and
+a trajectory waiting for a tool gives its place to a queued one. The latency's mean is
+swept as a multiple of the generation time of one turn, measured in the same run: the
+mean time of one ``generate`` request in a zero-latency async run of as many
+trajectories as the engine runs at once (no queueing, so it is generation time only; the
+run is also the warm-up). On a GPU generation is tens of times faster than here, so there
+tools weigh several times more.
 
 Printed for each point: wall time, trajectories/s and model tokens/s of both schedules,
 async / lockstep speed-up, and async time / async time with zero-latency tools (how much
 of the tool time the async loop hides; 1.00 = all of it). Then the vLLM and hf backends
 on the same zero-latency work.
 
-    .venv/bin/python bench/rollout.py                 # the full sweep (~8 minutes on 2 CPU cores)
+    .venv/bin/python bench/rollout.py                 # the full sweep (~10 minutes on 2 CPU cores)
     .venv/bin/python bench/rollout.py --quick         # a smaller run, to check it works
 """
 
@@ -192,12 +199,19 @@ async def run_schedule(schedule: str, *, backend, chat, parser, samples, config,
     return _summary(trajectories, time.perf_counter() - start)
 
 
+def _mean_result(results: list[Result]) -> Result:
+    first = results[0]
+    return Result(seconds=statistics.mean(r.seconds for r in results), trajectories=first.trajectories,
+                  model_tokens=first.model_tokens, tool_calls=first.tool_calls, turns=first.turns)
+
+
 def _row(label: str, r: Result) -> str:
     return (f"  {label:<9} {r.seconds:7.1f} s  {r.trajectories_per_s:6.2f} traj/s  {r.tokens_per_s:7.1f} tok/s"
             f"  ({r.model_tokens} tokens, {r.turns} turns, {r.tool_calls} tool calls)")
 
 
 async def main(args: argparse.Namespace) -> None:
+    started = time.perf_counter()
     model_dir = prepare_model(DEFAULT_MODEL)
     tokenizer = load_tokenizer(model_dir)
     chat = ChatTemplate(tokenizer)
@@ -215,34 +229,51 @@ async def main(args: argparse.Namespace) -> None:
     backends = {}
     for name in args.backends:
         start = time.perf_counter()
-        backend = make_backend(name, str(model_dir))
+        capacity = {"vllm": {"max_num_seqs": args.engine_concurrency},
+                    "hf": {"max_batch_size": args.engine_concurrency}}[name]
+        backend = make_backend(name, str(model_dir), **capacity)
         if hasattr(backend, "start"):
             await backend.start()
         backends[name] = TimedBackend(backend)
-        print(f"{name} backend ready in {time.perf_counter() - start:.1f} s", flush=True)
+        print(f"{name} backend ready in {time.perf_counter() - start:.1f} s "
+              f"(runs {args.engine_concurrency} sequences at once)", flush=True)
     main_name = args.backends[0]
     backend = backends[main_name]
 
-    # Warm-up (first-call compilation, caches), not measured.
-    await run_schedule("async", backend=backend, chat=chat, parser=parser, samples=samples[:4],
-                       config=config, latency_s=0.0, seed=args.seed)
-    backend.turn_times.clear()
+    # One turn's generation time, on as many trajectories as the engine runs at once (no
+    # queueing, so the request time is generation time); also the warm-up.
+    await run_schedule("async", backend=backend, chat=chat, parser=parser,
+                       samples=samples[:args.engine_concurrency], config=config, latency_s=0.0, seed=args.seed)
+    turn_s = statistics.mean(backend.turn_times)
+    print(f"\n[{main_name}] one turn's generation time (mean generate request, zero-latency async run of "
+          f"{min(args.engine_concurrency, len(samples))} trajectories): {turn_s:.2f} s", flush=True)
     baseline = await run_schedule("async", backend=backend, chat=chat, parser=parser, samples=samples,
                                   config=config, latency_s=0.0, seed=args.seed)
-    turn_s = statistics.mean(backend.turn_times)
-    print(f"\n[{main_name}] one turn's generation time (mean generate request, zero-latency async run): "
-          f"{turn_s:.2f} s", flush=True)
     print(f"\n[{main_name}] tool latency ~ Exponential(mean = m x turn time)")
     table = []
     for multiple in args.latency_multiples:
         latency = multiple * turn_s
         if multiple == 0:
-            ours = baseline
+            # Both schedules saturate the engine here, so they are close: measure twice, the
+            # second time in the other order, and report the mean (and both runs).
+            ours, theirs = [baseline], []
+            theirs.append(await run_schedule("lockstep", backend=backend, chat=chat, parser=parser,
+                                             samples=samples, config=config, latency_s=0.0, seed=args.seed))
+            for _ in range(args.zero_latency_repeats - 1):
+                theirs.append(await run_schedule("lockstep", backend=backend, chat=chat, parser=parser,
+                                                 samples=samples, config=config, latency_s=0.0, seed=args.seed))
+                ours.append(await run_schedule("async", backend=backend, chat=chat, parser=parser,
+                                               samples=samples, config=config, latency_s=0.0, seed=args.seed))
+            if len(ours) > 1:
+                print("m = 0 runs: async " + ", ".join(f"{r.seconds:.1f}" for r in ours) +
+                      " s; lockstep " + ", ".join(f"{r.seconds:.1f}" for r in theirs) + " s")
+            ours, theirs = _mean_result(ours), _mean_result(theirs)
+            baseline = ours
         else:
             ours = await run_schedule("async", backend=backend, chat=chat, parser=parser, samples=samples,
                                       config=config, latency_s=latency, seed=args.seed)
-        theirs = await run_schedule("lockstep", backend=backend, chat=chat, parser=parser, samples=samples,
-                                    config=config, latency_s=latency, seed=args.seed)
+            theirs = await run_schedule("lockstep", backend=backend, chat=chat, parser=parser, samples=samples,
+                                        config=config, latency_s=latency, seed=args.seed)
         speedup = ours.trajectories_per_s / theirs.trajectories_per_s
         hidden = ours.seconds / baseline.seconds
         table.append((multiple, latency, ours, theirs, speedup, hidden))
@@ -273,24 +304,31 @@ async def main(args: argparse.Namespace) -> None:
               f"{speedup:.2f}x | {hidden:.2f} |")
     for timed in backends.values():
         await timed.backend.close()
+    print(f"\nwhole run: {time.perf_counter() - started:.0f} s")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trajectories", type=int, default=32)
-    parser.add_argument("--questions", type=int, default=3, help="questions (tool calls) per trajectory")
+    parser.add_argument("--trajectories", type=int, default=64, help="the rollout batch")
+    parser.add_argument("--engine-concurrency", type=int, default=32,
+                        help="sequences the backend runs at once (vLLM max_num_seqs, hf max_batch_size)")
+    parser.add_argument("--questions", type=int, default=2, help="questions (tool calls) per trajectory")
     parser.add_argument("--max-tokens-per-turn", type=int, default=48)
     parser.add_argument("--latency-multiples", type=float, nargs="+", default=[0, 0.25, 1, 2])
     parser.add_argument("--backends", nargs="+", default=["vllm", "hf"], choices=["vllm", "hf"],
                         help="the first runs the sweep; all run the backend comparison")
+    parser.add_argument("--zero-latency-repeats", type=int, default=2,
+                        help="times the zero-latency point is measured (the mean is reported)")
     parser.add_argument("--backend-trajectories", type=int, default=16,
                         help="trajectories for the vllm vs hf comparison (hf is the slow one)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--quick", action="store_true", help="8 trajectories, 2 questions, m in {0, 1}")
+    parser.add_argument("--quick", action="store_true",
+                        help="16 trajectories, engine concurrency 8, 2 questions, m in {0, 1}")
     args = parser.parse_args(argv)
     if args.quick:
-        args.trajectories, args.questions, args.latency_multiples = 8, 2, [0, 1]
+        args.trajectories, args.questions, args.latency_multiples = 16, 2, [0, 1]
+        args.engine_concurrency, args.zero_latency_repeats = 8, 1
         args.backend_trajectories = 8
     return args
 

@@ -18,9 +18,15 @@ from ..hookspecs import hookimpl
 from ..types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
 
 SYSTEM_PROMPT = "You are a helpful assistant. Always call the calculator tool first, then answer."
+NO_TOOLS_PROMPT = "You are a helpful assistant. Answer with the number only."
 _FEW_SHOT = (("What is 12*7?", "12*7"), ("What is 3+5?", "3+5"))
 _OPERATORS = ("+", "-", "*")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _split_of(a: int, op: str, b: int) -> str:
+    """One question in five is held out for testing, decided by the question itself."""
+    return "test" if (a * 131 + b * 7 + _OPERATORS.index(op)) % 5 == 0 else "train"
 
 
 def _tool_call_text(expression: str) -> str:
@@ -36,6 +42,8 @@ class ArithmeticEnv:
     :param few_shot: start the conversation with example turns showing the tool-call
         format (the Qwen3/Hermes format of the ``qwen3`` parser).
     :param seed: seed of :meth:`dataset`.
+    :param use_tools: offer the calculator; without it the task is single-turn
+        question answering (e.g. to compare with single-turn trainers in ``bench/``).
 
     Samples: ``{"id", "questions": [...], "answers": [...], "answer": <last answer>}``.
     The final answer is the last number in the model's answer to the last question
@@ -45,7 +53,8 @@ class ArithmeticEnv:
     name = "arithmetic"
     description = "Offline arithmetic questions answered with the calculator tool (smoke tests, benchmarks)."
 
-    def __init__(self, questions_per_episode: int = 1, few_shot: bool = True, seed: int = 0):
+    def __init__(self, questions_per_episode: int = 1, few_shot: bool = True, seed: int = 0,
+                 use_tools: bool = True):
         if questions_per_episode < 1:
             raise ValueError(f"questions_per_episode must be >= 1, got {questions_per_episode}")
         from ..plugins import get_component
@@ -53,19 +62,25 @@ class ArithmeticEnv:
         self.questions_per_episode = questions_per_episode
         self.few_shot = few_shot
         self.seed = seed
-        self.tools = [get_component("tool", "calculator")]
+        self.use_tools = use_tools
+        self.tools = [get_component("tool", "calculator")] if use_tools else []
 
-    def dataset(self, size: int = 64) -> list[dict[str, Any]]:
-        """``size`` samples, the same for the same seed."""
-        rng = random.Random(self.seed)
+    def dataset(self, size: int = 64, split: str = "train") -> list[dict[str, Any]]:
+        """``size`` samples of ``split`` (``train`` or ``test``), the same for the same seed.
+        The splits share no question: each ``a op b`` belongs to one split only."""
+        if split not in ("train", "test"):
+            raise ValueError(f"the arithmetic env has splits 'train' and 'test', not {split!r}")
+        rng = random.Random(f"{self.seed}:{split}")
         rows = []
         for index in range(size):
             questions, answers = [], []
-            for _ in range(self.questions_per_episode):
+            while len(questions) < self.questions_per_episode:
                 a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice(_OPERATORS)
+                if _split_of(a, op, b) != split:
+                    continue
                 questions.append(f"What is {a}{op}{b}?")
                 answers.append(str(eval(f"{a}{op}{b}")))  # noqa: S307 - two ints and an operator we chose
-            rows.append({"id": f"arithmetic-{self.seed}-{index}", "questions": questions,
+            rows.append({"id": f"arithmetic-{split}-{self.seed}-{index}", "questions": questions,
                          "answers": answers, "answer": answers[-1]})
         return rows
 
@@ -73,11 +88,11 @@ class ArithmeticEnv:
         questions = sample.get("questions") or ([sample["question"]] if "question" in sample else None)
         if not questions:
             raise ValueError(f"the arithmetic env needs samples with 'questions' (or 'question'), got keys {sorted(sample)}")
-        messages = [Message(role="system", content=SYSTEM_PROMPT)]
+        messages = [Message(role="system", content=SYSTEM_PROMPT if self.use_tools else NO_TOOLS_PROMPT)]
         if self.few_shot:
             for question, expression in _FEW_SHOT:
-                messages += [Message(role="user", content=question),
-                             Message(role="assistant", content=_tool_call_text(expression))]
+                answer = _tool_call_text(expression) if self.use_tools else str(eval(expression))  # noqa: S307
+                messages += [Message(role="user", content=question), Message(role="assistant", content=answer)]
         messages.append(Message(role="user", content=str(questions[0])))
         return EnvReset(messages=messages, tools=list(self.tools),
                         state={"questions": list(map(str, questions)), "asked": 1, "answers": []})
