@@ -1,0 +1,1 @@
+"""Training algorithms as pure functions (advantages, losses)."""

@@ -1,0 +1,93 @@
+"""The run config: defaults, presets, files, overrides, and every error reported at once."""
+
+import pytest
+import yaml
+
+from rlfactory_core.config import PRESETS, RunConfig, describe, load_config, parse_overrides
+from rlfactory_core.errors import ConfigError
+
+
+def test_defaults_validate_and_are_cpu_sized():
+    config = load_config()
+    assert isinstance(config, RunConfig)
+    assert config.env == "arithmetic" and config.rewards[0].name == "exact_match"
+    assert config.grpo.group_size >= 2 and config.train.bf16
+
+
+def test_layers_apply_in_order(tmp_path):
+    first = tmp_path / "a.yaml"
+    first.write_text(yaml.safe_dump({"train": {"lr": 3e-6, "steps": 7}, "grpo": {"group_size": 6}}))
+    second = tmp_path / "b.yaml"
+    second.write_text(yaml.safe_dump({"train": {"steps": 9}}))
+    config = load_config([first, second], ["grpo.group_size=5", "rollout.sampling.temperature=0.5"],
+                         preset="cpu-smoke", flags={"env": "arithmetic"})
+    assert config.train.lr == 3e-6  # file over preset
+    assert config.train.steps == 9  # later file over earlier
+    assert config.grpo.group_size == 5  # override over file
+    assert config.rollout.sampling.temperature == 0.5
+    assert config.rollout.max_tokens_per_turn == PRESETS["cpu-smoke"]["rollout"]["max_tokens_per_turn"]
+
+
+def test_preset_can_be_named_in_a_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: cpu-smoke\ntrain:\n  steps: 3\n")
+    config = load_config([path])
+    assert config.train.steps == 3 and config.grpo.group_size == PRESETS["cpu-smoke"]["grpo"]["group_size"]
+
+
+def test_override_values_are_yaml():
+    tree, problems = parse_overrides(["train.lr=1e-6", "rewards=[{name: exact_match, weight: 2}]",
+                                      "model.lora.enabled=true", "run_dir="])
+    assert not problems
+    assert tree["train"]["lr"] == 1e-6 and tree["model"]["lora"]["enabled"] is True
+    assert tree["rewards"] == [{"name": "exact_match", "weight": 2}]
+    assert tree["run_dir"] == ""
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text("train:\n  lr: -1\n  stepz: 3\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([bad_file, tmp_path / "missing.yaml"],
+                    ["grpo.group_size=1", "grpo.advantage_norm=median", "nonsense", "rollout.max_turns=x"])
+    errors = info.value.errors
+    text = "\n".join(errors)
+    assert any(e.startswith("train.lr:") for e in errors)
+    assert any(e.startswith("train.stepz: unknown key") for e in errors)
+    assert any(e.startswith("grpo.group_size:") for e in errors)
+    assert any(e.startswith("grpo.advantage_norm:") for e in errors)
+    assert any(e.startswith("rollout.max_turns:") for e in errors)
+    assert "missing.yaml" in text and "does not exist" in text
+    assert "'nonsense': an override is KEY=VALUE" in text
+    assert len(errors) == 7
+    assert all("\n" not in e for e in errors)
+
+
+def test_unknown_preset_and_bad_yaml(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([path], preset="laptop")
+    text = "\n".join(info.value.errors)
+    assert "unknown preset 'laptop'" in text and "not valid YAML" in text
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match="each reward may appear once"):
+        load_config([], ["rewards=[{name: exact_match}, {name: exact_match}]"])
+    with pytest.raises(ConfigError, match="mini_batches"):
+        load_config([], ["grpo.prompts_per_step=1", "grpo.group_size=2", "grpo.mini_batches=3"])
+    with pytest.raises(ConfigError, match="at least one reward"):
+        load_config([], ["rewards=[]"])
+
+
+def test_presets_are_valid():
+    for name in PRESETS:
+        load_config(preset=name)
+
+
+def test_describe_lists_every_leaf_key_with_help():
+    rows = {key: (default, help_text) for key, default, help_text in describe()}
+    for key in ("train.lr", "grpo.clip_high", "rollout.sampling.temperature", "model.lora.r", "logging.wandb_project"):
+        assert key in rows and rows[key][1]
+    assert rows["grpo.group_size"][0] == "4"

@@ -1,0 +1,153 @@
+"""GRPO's advantages and losses against values computed by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rlfactory_core.algorithms.grpo import (
+    aggregate,
+    entropy_from_logits,
+    group_advantages,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    token_advantages,
+    truncated_importance_weights,
+)
+
+
+def close(actual, expected, tol=1e-5):
+    return torch.allclose(torch.as_tensor(actual, dtype=torch.float32),
+                          torch.as_tensor(expected, dtype=torch.float32), atol=tol, rtol=0)
+
+
+# Two groups of two: (1, 0) and (1, 1).
+REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])
+
+
+def test_group_advantages_scaled_by_group_std():
+    # group 1: mean 0.5, sample std sqrt(0.5) = 0.70711 -> +-0.70711; group 2: all equal -> 0
+    adv = group_advantages(REWARDS, 2, "group")
+    assert close(adv, [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0], 1e-4)
+
+
+def test_group_advantages_scaled_by_batch_std():
+    # batch std of (1, 0, 1, 1): mean 0.75, var = (3 * 0.0625 + 0.5625) / 3 = 0.25 -> std 0.5
+    adv = group_advantages(REWARDS, 2, "batch")
+    assert close(adv, [1.0, -1.0, 0.0, 0.0], 1e-4)
+
+
+def test_group_advantages_unscaled_is_dr_grpo():
+    assert close(group_advantages(REWARDS, 2, "none"), [0.5, -0.5, 0.0, 0.0])
+
+
+def test_group_of_three_by_hand():
+    # rewards (3, 0, 0): mean 1, deviations (2, -1, -1), sample std sqrt((4+1+1)/2) = sqrt(3)
+    adv = group_advantages(torch.tensor([3.0, 0.0, 0.0]), 3, "group")
+    assert close(adv, [2 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)], 1e-4)
+
+
+def test_group_advantages_reject_ragged_groups():
+    with pytest.raises(ValueError, match="groups of 3"):
+        group_advantages(REWARDS, 3)
+    with pytest.raises(ValueError, match="advantage norm"):
+        group_advantages(REWARDS, 2, "median")
+
+
+def test_token_advantages_broadcast_over_model_tokens_only():
+    mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]])
+    out = token_advantages(torch.tensor([2.0, -1.0]), mask)
+    assert close(out, [[0, 2, 2, 0], [0, 0, -1, -1]])
+
+
+def test_turn_rewards_are_summed_from_each_token_to_the_end():
+    # turn 1 = tokens 1-2 (reward 0.5 on token 2), observation token 3, turn 2 = tokens 4-5
+    # (reward -0.25 on token 5). Tokens of turn 1 get A + 0.5 - 0.25, turn 2 gets A - 0.25.
+    mask = torch.tensor([[0, 1, 1, 0, 1, 1]])
+    turn_rewards = torch.tensor([[0, 0, 0.5, 0, 0, -0.25]])
+    out = token_advantages(torch.tensor([1.0]), mask, turn_rewards)
+    assert close(out, [[0, 1.25, 1.25, 0, 0.75, 0.75]])
+
+
+def test_policy_loss_by_hand():
+    # token 1: ratio e^0.5 = 1.6487 > 1.28, A = +1 -> clipped: loss -1.28, clipped
+    # token 2: ratio e^-0.5 = 0.6065 < 0.8,  A = +1 -> unclipped is smaller: loss -0.6065
+    # token 3: ratio e^-0.5 = 0.6065 < 0.8,  A = -1 -> clipped: -min(-0.6065, -0.8) = 0.8, clipped
+    # token 4: ratio 1, A = 2 -> loss -2; token 5 is masked
+    logp = torch.tensor([[0.5, -0.5, -0.5, 0.0, 3.0]])
+    old = torch.zeros_like(logp)
+    adv = torch.tensor([[1.0, 1.0, -1.0, 2.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    assert close(loss[0, :4], [-1.28, -math.exp(-0.5), 0.8, -2.0], 1e-4)
+    assert close(stats["clip_fraction"], 0.5)
+    assert close(stats["ratio_mean"], (math.exp(0.5) + 2 * math.exp(-0.5) + 1) / 4, 1e-4)
+    assert close(aggregate(loss, mask, "token_mean"), (-1.28 - math.exp(-0.5) + 0.8 - 2.0) / 4, 1e-4)
+
+
+def test_policy_loss_gradient_vanishes_only_where_clipped():
+    logp = torch.tensor([[0.5, 0.0]], requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 2), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2))
+    loss.sum().backward()
+    # d/dlogp of -ratio*A = -ratio*A: 0 where clipped, -1 at ratio 1
+    assert close(logp.grad, [[0.0, -1.0]])
+
+
+def test_weights_scale_the_loss():
+    loss, _ = policy_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2),
+                          weights=torch.tensor([[0.5, 2.0]]))
+    assert close(loss, [[-0.5, -2.0]])
+
+
+def test_truncated_importance_weights():
+    old = torch.tensor([0.0, 0.0, -1.0])
+    sampler = torch.tensor([0.0, -1.0, 0.0])
+    w = truncated_importance_weights(old, sampler, cap=2.0)
+    # exp(0) = 1, exp(1) = 2.718 -> capped at 2, exp(-1) = 0.3679
+    assert close(w, [1.0, 2.0, math.exp(-1)], 1e-4)
+    assert not w.requires_grad
+
+
+def test_aggregation_modes_by_hand():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert close(aggregate(per_token, mask, "token_mean"), 10 / 4)
+    assert close(aggregate(per_token, mask, "seq_mean_token_sum"), (6 + 4) / 2)
+    assert close(aggregate(per_token, mask, "seq_mean_token_mean"), (2 + 4) / 2)
+    with pytest.raises(ValueError):
+        aggregate(per_token, mask, "median")
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+def test_micro_batches_sum_to_the_mini_batch_loss(mode):
+    torch.manual_seed(0)
+    per_token = torch.randn(6, 5)
+    mask = (torch.rand(6, 5) > 0.3).long()
+    mask[:, 0] = 1
+    whole = aggregate(per_token, mask, mode)
+    parts = sum(aggregate(per_token[i:i + 2], mask[i:i + 2], mode,
+                          num_tokens=float(mask.sum()), num_sequences=6.0) for i in range(0, 6, 2))
+    assert close(parts, whole)
+
+
+def test_kl_estimators_by_hand():
+    logp = torch.tensor([-1.0, -2.0])
+    ref = torch.tensor([-1.5, -1.0])
+    assert close(kl_penalty(logp, ref, "k1"), [0.5, -1.0])
+    # k3 = exp(ref - logp) - (ref - logp) - 1: exp(-0.5) + 0.5 - 1 and exp(1) - 1 - 1
+    assert close(kl_penalty(logp, ref, "k3"), [math.exp(-0.5) - 0.5, math.e - 2], 1e-5)
+    assert bool((kl_penalty(torch.randn(100), torch.randn(100), "k3") >= 0).all())
+    with pytest.raises(ValueError):
+        kl_penalty(logp, ref, "k2")
+
+
+def test_entropy_from_logits():
+    # uniform over 4 -> ln 4; a certain token -> 0
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]])
+    assert close(entropy_from_logits(logits), [math.log(4), 0.0], 1e-4)
+
+
+def test_masked_mean_of_nothing_is_zero():
+    assert close(masked_mean(torch.tensor([1.0, 2.0]), torch.tensor([0, 0])), 0.0)
+    assert close(masked_mean(torch.tensor([1.0, 3.0]), torch.tensor([1, 1])), 2.0)
