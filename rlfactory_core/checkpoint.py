@@ -1,0 +1,190 @@
+"""Checkpoints of a training run, written atomically, and resuming from them.
+
+Layout of ``RUN_DIR/checkpoints/step-000010/``:
+
+==================  ======================================================================
+``model/``          the policy in HF format (safetensors + config + tokenizer), loadable by
+                    transformers and vLLM; with LoRA the adapters merged in
+``adapter/``        with LoRA only: the peft adapter (what training resumes from)
+``optimizer.pt``    AdamW state
+``scheduler.pt``    learning-rate scheduler state
+``rng.pt``          Python, NumPy and torch (CPU and CUDA) RNG states
+``state.json``      step, data position (epoch and index), and what else the trainer keeps
+``config.yaml``     the resolved run config
+==================  ======================================================================
+
+A checkpoint is built in a ``.tmp-step-...`` directory next to the others, fsynced, and
+renamed into place in one ``os.replace``: an interrupted write leaves at worst a temporary
+directory (removed by the next save), never a half-written ``step-...``. ``latest`` (a
+one-line file, also replaced atomically) names the newest one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import RLFactoryError
+
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "list_checkpoints", "CheckpointError"]
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RLFactoryError):
+    """A checkpoint is missing or unreadable."""
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+    for path in [directory, *[p for p in directory.rglob("*") if p.is_dir()]]:
+        _fsync_dir(path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _rng_state() -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy comes with torch
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: Mapping[str, Any],
+    config: Mapping[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write the checkpoint of ``step`` (see the module docstring) and keep the newest ``keep``."""
+    import torch
+
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob(".tmp-step-*"):  # from a save that was interrupted
+        shutil.rmtree(leftover, ignore_errors=True)
+    name = f"step-{step:06d}"
+    tmp = root / f".tmp-{name}"
+    tmp.mkdir()
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(tmp / "adapter")
+        merged = _merged_copy(model)
+        merged.save_pretrained(tmp / "model", safe_serialization=True)
+        del merged
+    else:
+        model.save_pretrained(tmp / "model", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "model")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(_rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")
+    (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
+    _fsync_tree(tmp)
+    final = root / name
+    if final.exists():  # the same step saved again (e.g. after an interrupt): replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    _write_atomic(root / "latest", name + "\n")
+    for old in list_checkpoints(run_dir)[:-keep]:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _merged_copy(peft_model: Any) -> Any:
+    """A plain HF model with the LoRA adapters merged in, leaving ``peft_model`` as it was."""
+    import copy
+
+    return copy.deepcopy(peft_model).merge_and_unload()
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of ``run_dir`` (``latest``, else the highest step)."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / "latest"
+    if pointer.is_file():
+        candidate = root / pointer.read_text(encoding="utf-8").strip()
+        if _STEP_DIR.match(candidate.name) and (candidate / "state.json").is_file():
+            return candidate
+    complete = [p for p in list_checkpoints(run_dir) if (p / "state.json").is_file()]
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(path: str | Path, *, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Restore the optimizer, scheduler and RNG states saved in ``path``; return its state.json.
+    (The model is loaded from ``path/model`` or ``path/adapter`` by the caller.)"""
+    import torch
+
+    path = Path(path)
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {exc}",
+                              hint="resume from an earlier checkpoint (delete this one) or start a new run") from exc
+    return state
