@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras of the root distribution: `cpu` is vLLM's CPU build (use `gpu` on CUDA machines).
-EXTRAS ?= cpu,ray,qwen-agent,test
+EXTRAS ?= cpu,ray,qwen-agent,wandb,lora,test
 TORCH_VERSION ?= 2.13.0
 PLUGIN_DIRS := $(wildcard plugins/*)
 STAMP := $(VENV)/.installed-stamp

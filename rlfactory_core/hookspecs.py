@@ -182,7 +182,8 @@ def rlfactory_on_train_start(config: Any) -> None:
 
 @hookspec
 def rlfactory_on_train_step_end(step: int, metrics: dict[str, float]) -> None:
-    """Called after every optimizer step, with that step's metrics (loggers, early stopping).
+    """Called after every training step (one rollout batch and its updates), with that
+    step's metrics (loggers, early stopping).
 
     :param step: the number of the step just finished, counting from 1.
     :param metrics: metric name -> value for this step (see the metrics table in the

@@ -19,12 +19,15 @@ __all__ = ["build_app", "run", "main"]
 HELP = "RLFactory: reinforcement-learning post-training for LLMs that use tools over many turns."
 
 #: (module in this package, command name): a module with a typer ``app`` is a command
-#: group; otherwise its function of the command's name is a single command.
+#: group; otherwise its function of the command's name (or ``<name>_command``) is a
+#: single command.
 _COMMAND_MODULES = (
     ("plugins_cmd", "plugins"),
     ("envs_cmd", "envs"),
     ("models_cmd", "models"),
     ("doctor_cmd", "doctor"),
+    ("train_cmd", "train"),
+    ("train_cmd", "eval"),
 )
 
 
@@ -58,7 +61,8 @@ def build_app(with_plugin_commands: bool = True) -> typer.Typer:
         if hasattr(module, "app"):
             app.add_typer(module.app, name=name)
         else:
-            app.command(name)(getattr(module, name))
+            # `eval_command`, not `eval`: the function may not shadow a builtin
+            app.command(name)(getattr(module, name, None) or getattr(module, f"{name}_command"))
     if with_plugin_commands:
         from rlfactory_core.plugins import register_commands
 

@@ -1,0 +1,898 @@
+"""The GRPO training loop, top to bottom.
+
+One training step:
+
+1. **Prompts**: the next ``grpo.prompts_per_step`` samples of the training set, in an
+   order fixed by ``train.seed`` and the position in the data (a reshuffle per epoch), so
+   a resumed run sees exactly the samples the uninterrupted run would have seen.
+2. **Rollout**: ``grpo.group_size`` trajectories per prompt, all at once, by the async
+   agent loop (``rlfactory_core.rollout``): token-exact, with the sampler's logprobs.
+   Sampling seeds are derived from ``train.seed`` and the step (reproducible, different
+   every step).
+3. **Rewards**: every configured reward scores every trajectory concurrently; the total is
+   their weighted sum. A reward that fails on a trajectory gives it 0 for that component
+   and is counted (``reward/errors``): one bad trajectory never ends the run.
+4. **Advantages**: reward minus the group mean, scaled by ``grpo.advantage_norm``; per-turn
+   rewards from the env are added on the tokens of their turn and the turns before it
+   (``rlfactory_core.algorithms.grpo`` has the formulas and the reasons).
+5. **Old logprobs**: the trainer's own logprobs of the sampled tokens before any update.
+   With one optimizer step per batch (``epochs = mini_batches = 1``, the default) the
+   policy *is* the old policy, so they come from the same forward pass as the loss
+   (detached) and the extra pass is skipped. The sampler's logprobs are only used to
+   measure the train/inference mismatch (``train/sampler_*``) and, with ``grpo.tis_cap``,
+   to weight tokens by a truncated importance ratio.
+6. **Update**: ``grpo.epochs`` passes; each splits the batch into ``grpo.mini_batches``
+   optimizer steps; each of those accumulates gradients over micro-batches of at most
+   ``grpo.micro_batch_tokens`` padded tokens (trajectories sorted by length, so little
+   padding). The loss normalisers are the mini-batch's, so accumulation does not change the
+   objective. bf16 autocast, gradient clipping, AdamW, the LR schedule stepped per step.
+   Only model tokens carry loss. With ``grpo.kl_coef > 0`` a frozen reference model (or,
+   with LoRA, the model with its adapters off) gives the KL term.
+7. **Weight sync**: the new weights go to the generation backend in place (vLLM: loaded
+   into the running engine; hf: copied between requests), no restart.
+8. **Metrics** (JSONL, TensorBoard, W&B) and the live view; loud warnings when the model
+   made no tool call in a step although tools were offered, or when every group's rewards
+   were constant (nothing to learn).
+9. **Eval** every ``eval.every`` steps on held-out samples (and before the first step and
+   after the last), with sample trajectories written as text; **checkpoint** every
+   ``checkpoint.every`` steps and at the end, atomically (``rlfactory_core.checkpoint``).
+
+Interrupting (Ctrl-C, SIGTERM) between updates writes a checkpoint of the last finished
+step, so no finished step is lost; ``rlf train --resume RUN_DIR`` continues from the newest
+checkpoint with the same data order.
+
+Packing: trajectories are batched padded (sorted by length) everywhere; the varlen
+(packed) path of flash-attention is used on a GPU with ``flash-attn`` installed, where
+``attn_implementation`` resolves to ``flash_attention_2`` (padding-free batches through
+``position_ids``). On CPU, SDPA with length-sorted micro-batches wastes few tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import RunConfig
+from .errors import ConfigError, RLFactoryError, one_line
+from .plugins import notify
+
+__all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples"]
+
+
+class TrainingInterrupted(RLFactoryError):
+    """The run was stopped by a signal; a checkpoint of the last finished step was written."""
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, console: Any = None) -> Path:
+    """Run training to ``config.train.steps``; return the run directory."""
+    return asyncio.run(_train(config, resume=Path(resume) if resume else None, console=console))
+
+
+def evaluate(config: RunConfig, model: str, *, split: str = "test", size: int | None = None,
+             report_dir: str | os.PathLike[str] | None = None, console: Any = None) -> dict[str, Any]:
+    """Evaluate ``model`` (a model name, a directory, or a run directory: its newest
+    checkpoint) on ``split``; write ``report.json`` and sample trajectories into
+    ``report_dir`` (when given); return the report."""
+    return asyncio.run(_evaluate_only(config, model, split=split, size=size,
+                                      report_dir=Path(report_dir) if report_dir else None, console=console))
+
+
+# --------------------------------------------------------------------------- setup
+
+
+@dataclass
+class _Task:
+    """What a rollout needs, besides the model."""
+
+    env: Any
+    parser: Any
+    tool_manager: Any
+    rewards: list[tuple[str, float, Any]]
+    offers_tools: bool
+
+
+def _build_task(config: RunConfig) -> _Task:
+    from .plugins import get_component
+
+    env_cls = get_component("env", config.env)
+    try:
+        env = env_cls(**config.env_options)
+    except TypeError as exc:
+        raise ConfigError([f"env_options: the {config.env!r} env does not take these options ({one_line(exc)})"]) from exc
+    parser = get_component("parser", config.parser)
+    manager_cls = get_component("tool_manager", config.tool_manager.name)
+    tools = list(getattr(env, "tools", []) or [])
+    try:
+        tool_manager = manager_cls(tools, **config.tool_manager.options)
+    except TypeError as exc:
+        raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
+    rewards = []
+    problems = []
+    for i, spec in enumerate(config.rewards):
+        try:
+            rewards.append((spec.name, spec.weight, get_component("reward", spec.name)(**spec.options)))
+        except TypeError as exc:
+            problems.append(f"rewards[{i}].options: {one_line(exc)}")
+    if problems:
+        raise ConfigError(problems)
+    return _Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, offers_tools=bool(tools))
+
+
+def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> list[dict[str, Any]]:
+    """Samples of ``split`` from the config's JSONL file, else the env's own ``dataset``."""
+    import json
+
+    path = config.data.train_file if split == "train" else config.data.eval_file
+    if path:
+        samples = []
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError([f"data.{split if split == 'train' else 'eval'}_file: cannot read {path!r}: {exc}"]) from exc
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError([f"{path}:{number}: not valid JSON ({exc.msg})"],
+                                  hint="one JSON object per line") from exc
+            if not isinstance(row, dict):
+                raise ConfigError([f"{path}:{number}: a sample must be a JSON object, got {type(row).__name__}"])
+            row.setdefault("id", f"{split}-{number}")
+            samples.append(row)
+        return samples[:size] if size else samples
+    if not hasattr(env, "dataset"):
+        raise ConfigError([f"data.{'train' if split == 'train' else 'eval'}_file: the {config.env!r} env has no "
+                           "built-in data; give a JSONL file"])
+    try:
+        return list(env.dataset(size=size or 256, split=split))
+    except TypeError:
+        return list(env.dataset(size or 256))
+
+
+def _new_run_dir(config: RunConfig) -> Path:
+    if config.run_dir:
+        return Path(config.run_dir)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{config.env}-{stamp}"
+
+
+def _device(config: RunConfig) -> Any:
+    import torch
+
+    if config.train.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.train.device)
+
+
+def _attn_implementation(config: RunConfig, device: Any) -> str:
+    choice = config.model.attn_implementation
+    if choice != "auto":
+        return choice
+    if device.type == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            pass
+    return "sdpa"
+
+
+def _load_policy(config: RunConfig, model_path: str | Path, device: Any, adapter: Path | None = None) -> Any:
+    """The trained model: full weights, or the base model with LoRA adapters (new or resumed)."""
+    import torch
+
+    from .models import load_model
+
+    model = load_model(model_path, dtype=config.model.dtype, device=device)
+    model.config._attn_implementation = _attn_implementation(config, device)  # noqa: SLF001
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if config.model.lora.enabled:
+        try:
+            from peft import LoraConfig, PeftModel, get_peft_model
+        except ImportError as exc:
+            raise ConfigError(["model.lora.enabled: peft is not installed"],
+                              hint="pip install peft, or set model.lora.enabled=false") from exc
+        if adapter is not None:
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+        else:
+            lora = config.model.lora
+            model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                     target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    model.train()
+    torch.manual_seed(config.train.seed)
+    return model
+
+
+def _scheduler(optimizer: Any, config: RunConfig) -> Any:
+    import torch
+
+    warmup, total, kind = config.train.warmup_steps, config.train.steps, config.train.scheduler
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _make_backend(config: RunConfig, model_path: Path) -> Any:
+    from .rollout import make_backend
+
+    try:
+        return make_backend(config.backend, str(model_path), **config.backend_options)
+    except TypeError as exc:
+        raise ConfigError([f"backend_options: the {config.backend!r} backend does not take these options "
+                           f"({one_line(exc)})"], hint="vllm takes max_num_seqs, kv_cache_gib, ...; hf takes "
+                                                    "max_batch_size, dtype, device") from exc
+
+
+def _weights_for_backend(policy: Any) -> list[tuple[str, Any]]:
+    """``(HF name, tensor)`` of the policy as the backend knows it (LoRA merged in)."""
+    if not hasattr(policy, "peft_config"):
+        return [(name, tensor.detach()) for name, tensor in policy.state_dict().items()]
+    policy.merge_adapter()
+    try:
+        out = []
+        for name, tensor in policy.state_dict().items():
+            if "lora_" in name:
+                continue
+            name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            out.append((name, tensor.detach().clone()))
+        return out
+    finally:
+        policy.unmerge_adapter()
+
+
+def _plugin_versions() -> dict[str, str]:
+    from .plugins import plugin_infos
+
+    return {info.name: f"{info.distribution} {info.version}".strip() for info in plugin_infos()}
+
+
+# --------------------------------------------------------------------------- data order
+
+
+def _batch_indices(num_samples: int, count: int, seed: int, position: int) -> list[int]:
+    """``count`` sample indices starting at global ``position``: epoch ``e`` visits the
+    samples in a permutation fixed by (seed, e)."""
+    out = []
+    while len(out) < count:
+        epoch, offset = divmod(position, num_samples)
+        order = list(range(num_samples))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        take = min(count - len(out), num_samples - offset)
+        out.extend(order[offset:offset + take])
+        position += take
+    return out
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+async def _score(trajectories: Sequence[Any], samples: Sequence[Any], rewards: Sequence[tuple[str, float, Any]]
+                 ) -> tuple[list[float], list[dict[str, float]], int]:
+    """Total reward and components of each trajectory; failures count and score 0."""
+    errors = 0
+
+    async def one(trajectory: Any, sample: Any) -> tuple[float, dict[str, float]]:
+        nonlocal errors
+        total, components = 0.0, {}
+        for name, weight, reward in rewards:
+            try:
+                output = await reward.score(trajectory, sample)
+                value = float(output.value)
+                if not math.isfinite(value):
+                    raise ValueError(f"non-finite reward {value}")
+                for key, component in (output.components or {}).items():
+                    if key != name:
+                        components[f"{name}/{key}"] = float(component)
+            except Exception as exc:  # noqa: BLE001 - one bad trajectory must not end the run
+                errors += 1
+                trajectory.metadata.setdefault("reward_errors", []).append(f"{name}: {one_line(exc)}")
+                value = 0.0
+            components[name] = value
+            total += weight * value
+        return total, components
+
+    scored = await asyncio.gather(*(one(t, s) for t, s in zip(trajectories, samples)))
+    return [s[0] for s in scored], [s[1] for s in scored], errors
+
+
+def _reward_metrics(prefix: str, totals: Sequence[float], components: Sequence[dict[str, float]]) -> dict[str, float]:
+    n = len(totals)
+    metrics = {
+        f"{prefix}/mean": sum(totals) / n,
+        f"{prefix}/std": statistics.pstdev(totals) if n > 1 else 0.0,
+        f"{prefix}/accuracy": sum(1 for t in totals if t > 0) / n,
+    }
+    keys = sorted({k for c in components for k in c})
+    for key in keys:
+        metrics[f"{prefix}/{key}"] = sum(c.get(key, 0.0) for c in components) / n
+    return metrics
+
+
+def _tool_metrics(prefix: str, trajectories: Sequence[Any]) -> dict[str, float]:
+    n = len(trajectories)
+    calls = sum(len(t.tool_calls) for t in trajectories)
+    kinds: Counter[str] = Counter()
+    for t in trajectories:
+        kinds.update(t.metadata.get("tool_errors", {}))
+    metrics = {
+        f"{prefix}/calls_per_trajectory": calls / n,
+        f"{prefix}/trajectories_with_calls": sum(1 for t in trajectories if t.tool_calls) / n,
+        f"{prefix}/error_rate": sum(kinds.values()) / calls if calls else 0.0,
+        f"{prefix}/parse_errors_per_trajectory": sum(t.metadata.get("parse_errors", 0) for t in trajectories) / n,
+    }
+    for kind, count in sorted(kinds.items()):
+        metrics[f"{prefix}/error_rate/{kind}"] = count / calls if calls else 0.0
+    return metrics
+
+
+# --------------------------------------------------------------------------- tensors
+
+
+@dataclass
+class _Batch:
+    """The rollout batch as padded tensors, plus per-trajectory advantages."""
+
+    input_ids: Any
+    attention_mask: Any
+    loss_mask: Any
+    sampler_logprobs: Any
+    advantages: Any  # [B, L] per token
+    lengths: Any
+    old_logprobs: Any = None
+    ref_logprobs: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def _turn_reward_tensor(trajectories: Sequence[Any], width: int) -> Any:
+    """``[B, L]``: each turn's env reward on the last token of that model turn."""
+    import torch
+
+    out = torch.zeros(len(trajectories), width)
+    for row, trajectory in enumerate(trajectories):
+        position = len(trajectory.prompt_ids)
+        model_turn = 0
+        for segment in trajectory.segments:
+            position += len(segment.token_ids)
+            if segment.kind == "model":
+                if model_turn < len(trajectory.turn_rewards) and segment.token_ids:
+                    out[row, position - 1] += float(trajectory.turn_rewards[model_turn])
+                model_turn += 1
+    return out
+
+
+def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int) -> _Batch:
+    import torch
+
+    from .algorithms.grpo import group_advantages, token_advantages
+    from .rollout import to_tensordict
+
+    td = to_tensordict(trajectories, pad_token_id=pad_id, layout="padded")
+    advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), config.grpo.group_size,
+                                  config.grpo.advantage_norm)
+    turn_rewards = None
+    if config.grpo.turn_rewards and any(any(t.turn_rewards) for t in trajectories):
+        turn_rewards = _turn_reward_tensor(trajectories, td["input_ids"].shape[1])
+    per_token = token_advantages(advantages, td["loss_mask"], turn_rewards)
+    return _Batch(input_ids=td["input_ids"], attention_mask=td["attention_mask"], loss_mask=td["loss_mask"],
+                  sampler_logprobs=td["logprobs"], advantages=per_token, lengths=td["lengths"],
+                  extra={"sequence_advantages": advantages})
+
+
+def _micro_batches(rows: Sequence[int], lengths: Any, token_budget: int) -> list[list[int]]:
+    """``rows`` grouped so that rows x longest row <= token_budget (at least one row each),
+    by length so that little padding is computed."""
+    ordered = sorted(rows, key=lambda r: int(lengths[r]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for row in ordered:
+        longest = max([int(lengths[r]) for r in current] + [int(lengths[row])])
+        if current and longest * (len(current) + 1) > token_budget:
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def _token_logprobs(model: Any, input_ids: Any, attention_mask: Any, loss_mask: Any, *, bf16: bool,
+                    entropy: bool, entropy_grad: bool = False) -> tuple[Any, Any]:
+    """``[b, l]`` logprobs (and entropies) of the tokens where ``loss_mask`` is 1 under
+    ``model``; zeros elsewhere. Only the masked positions' logits are normalised. The
+    entropy carries a gradient only with ``entropy_grad`` (an entropy bonus)."""
+    import torch
+
+    from .algorithms.grpo import entropy_from_logits
+
+    device = next(model.parameters()).device
+    input_ids, attention_mask, loss_mask = input_ids.to(device), attention_mask.to(device), loss_mask.to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+    # token t is predicted from position t - 1
+    targets = loss_mask[:, 1:].bool()
+    decoder, head = _decoder_and_head(model)
+    with autocast:
+        if decoder is not None:
+            # The vocabulary projection only where a sampled token is scored: prompts and
+            # observations are most of a trajectory, and [tokens, vocab] logits are most of
+            # the memory (49k x 4 bytes a token for SmolLM2).
+            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False).last_hidden_state
+            chosen = head(hidden[:, :-1][targets]).float()  # [N, V]
+        else:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           use_cache=False).logits
+            chosen = logits[:, :-1][targets].float()
+    token_ids = input_ids[:, 1:][targets]
+    logprobs = torch.zeros(loss_mask.shape, dtype=torch.float32, device=device)
+    logprobs[:, 1:][targets] = chosen.gather(-1, token_ids[:, None]).squeeze(-1) - torch.logsumexp(chosen, -1)
+    entropies = None
+    if entropy:
+        entropies = torch.zeros(loss_mask.shape, dtype=torch.float32, device=device)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropies[:, 1:][targets] = entropy_from_logits(chosen)
+    return logprobs, entropies
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """The transformer body and the LM head of a causal LM (also through a peft wrapper);
+    ``(None, None)`` when the model does not expose them the standard way."""
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None, None
+    scale = getattr(getattr(model, "config", None), "logit_scale", None) or getattr(
+        getattr(model, "config", None), "final_logit_softcapping", None)
+    if decoder is None or head is None or scale:  # models that post-process logits take the full path
+        return None, None
+    return decoder, head
+
+
+def _forward_no_grad(model: Any, batch: _Batch, rows: list[int], config: RunConfig) -> Any:
+    import torch
+
+    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    with torch.no_grad():
+        for micro in _micro_batches(rows, batch.lengths, config.grpo.micro_batch_tokens):
+            width = int(batch.lengths[micro].max())
+            logprobs, _ = _token_logprobs(model, batch.input_ids[micro, :width], batch.attention_mask[micro, :width],
+                                          batch.loss_mask[micro, :width], bf16=config.train.bf16, entropy=False)
+            out[micro, :width] = logprobs.cpu()
+    return out
+
+
+def _update_policy(model: Any, reference: Any, optimizer: Any, batch: _Batch, config: RunConfig) -> dict[str, float]:
+    """The optimizer steps on one rollout batch; their statistics."""
+    import torch
+
+    from .algorithms.grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
+
+    g = config.grpo
+    rows = list(range(len(batch)))
+    on_policy = g.epochs * g.mini_batches == 1
+    if not on_policy:
+        batch.old_logprobs = _forward_no_grad(model, batch, rows, config)
+    if g.kl_coef > 0:
+        if reference is None:  # LoRA: the base model is the adapters switched off
+            with model.disable_adapter():
+                batch.ref_logprobs = _forward_no_grad(model, batch, rows, config)
+        else:
+            batch.ref_logprobs = _forward_no_grad(reference, batch, rows, config)
+
+    sums: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+
+    def record(key: str, value: Any, weight: float = 1.0) -> None:
+        sums[key] += float(value) * weight
+        counts[key] += weight
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    shuffler = random.Random(f"{config.train.seed}:minibatches:{batch.extra.get('step', 0)}")
+    for _epoch in range(g.epochs):
+        order = list(rows)
+        shuffler.shuffle(order)
+        size = math.ceil(len(order) / g.mini_batches)
+        for start in range(0, len(order), size):
+            mini = order[start:start + size]
+            num_tokens = float(batch.loss_mask[mini].sum())
+            if num_tokens == 0:
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            for micro in _micro_batches(mini, batch.lengths, g.micro_batch_tokens):
+                width = int(batch.lengths[micro].max())
+                mask = batch.loss_mask[micro, :width]
+                device = next(model.parameters()).device
+                logprobs, entropies = _token_logprobs(
+                    model, batch.input_ids[micro, :width], batch.attention_mask[micro, :width], mask,
+                    bf16=config.train.bf16, entropy=True, entropy_grad=g.entropy_coef > 0)
+                mask_d = mask.to(device)
+                old = logprobs.detach() if on_policy else batch.old_logprobs[micro, :width].to(device)
+                sampler = batch.sampler_logprobs[micro, :width].to(device)
+                advantages = batch.advantages[micro, :width].to(device)
+                weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
+                per_token, stats = policy_loss(logprobs, old, advantages, mask_d, clip_low=g.clip_low,
+                                               clip_high=g.clip_high, weights=weights)
+                if g.kl_coef > 0:
+                    kl = kl_penalty(logprobs, batch.ref_logprobs[micro, :width].to(device), g.kl_estimator)
+                    per_token = per_token + g.kl_coef * kl
+                    record("train/kl", masked_mean(kl.detach(), mask_d), float(mask.sum()))
+                if g.entropy_coef > 0:
+                    per_token = per_token - g.entropy_coef * entropies
+                loss = aggregate(per_token, mask_d, g.loss_agg, num_tokens=num_tokens, num_sequences=len(mini))
+                loss.backward()
+                tokens = float(mask.sum())
+                sums["train/loss"] += float(loss.detach())
+                record("train/entropy", masked_mean(entropies.detach(), mask_d), tokens)
+                record("train/clip_fraction", stats["clip_fraction"], tokens)
+                record("train/ratio_mean", stats["ratio_mean"], tokens)
+                sums["train/ratio_max"] = max(sums["train/ratio_max"], float(stats["ratio_max"]))
+                diff = (old - sampler).abs()
+                record("train/sampler_logprob_diff", masked_mean(diff, mask_d), tokens)
+                record("train/sampler_kl", masked_mean(torch.exp(sampler - old) - (sampler - old) - 1, mask_d), tokens)
+                if weights is not None:
+                    record("train/tis_weight_mean", masked_mean(weights, mask_d), tokens)
+                record("train/tokens", tokens, 0.0)
+                sums["train/trained_tokens"] += tokens
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm or float("inf"))
+            record("train/grad_norm", grad_norm)
+            optimizer.step()
+            counts["train/loss"] += 1
+            sums["train/optimizer_steps"] += 1
+    out = {}
+    for key, total in sums.items():
+        if key in ("train/ratio_max", "train/trained_tokens", "train/optimizer_steps"):
+            out[key] = total
+        elif counts[key]:
+            out[key] = total / counts[key]
+    out.setdefault("train/kl", 0.0)
+    return out
+
+
+# --------------------------------------------------------------------------- rollout helpers
+
+
+def _rollout_config(config: RunConfig, step: int, *, temperature: float | None = None) -> Any:
+    rollout = config.rollout.model_copy(deep=True)
+    base = rollout.sampling.seed if rollout.sampling.seed is not None else config.train.seed * 1_000_003
+    rollout.sampling.seed = base + step * 10_007
+    if temperature is not None:
+        rollout.sampling.temperature = temperature
+    return rollout
+
+
+async def _run_eval(step: int, samples: Sequence[Any], task: _Task, backend: Any, chat: Any, config: RunConfig,
+                    out_dir: Path | None, tokenizer: Any) -> dict[str, float]:
+    from .rollout import rollout, rollout_metrics
+
+    trajectories = await rollout(samples, env=task.env, parser=task.parser, tool_manager=task.tool_manager,
+                                 backend=backend, chat=chat,
+                                 config=_rollout_config(config, -1, temperature=config.eval.temperature))
+    totals, components, errors = await _score(trajectories, samples, task.rewards)
+    metrics = _reward_metrics("eval/reward", totals, components)
+    metrics.update(_tool_metrics("eval/tools", trajectories))
+    metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_metrics(trajectories).items()})
+    metrics["eval/reward/errors"] = float(errors)
+    if out_dir is not None and config.eval.save_samples:
+        _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],
+                      samples, totals, tokenizer)
+    return metrics
+
+
+def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any], totals: Sequence[float],
+                  tokenizer: Any) -> None:
+    """Trajectories as readable text: the whole conversation as the model saw it."""
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for trajectory, sample, total in zip(trajectories, samples, totals):
+            ids = list(trajectory.prompt_ids) + [i for s in trajectory.segments for i in s.token_ids]
+            f.write(json.dumps({
+                "sample_id": trajectory.sample_id, "reward": total, "final_answer": trajectory.final_answer,
+                "expected": sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None,
+                "stop_reason": trajectory.stop_reason, "turns": trajectory.num_turns,
+                "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in trajectory.tool_calls],
+                "text": tokenizer.decode(ids),
+            }, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class _Stop:
+    """Turns SIGINT/SIGTERM into a flag checked between phases, so a step is never half-applied."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Stop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: no signal handling
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Path:
+    import torch
+    import yaml
+
+    from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from .metrics import LiveView, MetricsLogger
+    from .models import load_tokenizer, resolve_model
+    from .rollout import ChatTemplate, rollout, rollout_metrics
+
+    # ---- run directory, config, resume point
+    checkpoint = None
+    if resume is not None:
+        run_dir = resume
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise RLFactoryError(f"{run_dir} has no checkpoint to resume from",
+                                 hint="start a new run, or point --resume at a run directory with checkpoints/")
+    else:
+        run_dir = _new_run_dir(config)
+        if (run_dir / "checkpoints").exists():
+            raise RLFactoryError(f"{run_dir} already holds a run",
+                                 hint=f"continue it with `rlf train --resume {run_dir}`, or choose another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    (run_dir / "plugins.yaml").write_text(yaml.safe_dump(_plugin_versions(), sort_keys=True))
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    random.seed(config.train.seed)
+    torch.manual_seed(config.train.seed)
+
+    # ---- task, data, model, optimizer
+    task = _build_task(config)
+    train_samples = load_samples(config, task.env, "train", config.data.train_size)
+    eval_samples = load_samples(config, task.env, "test", config.data.eval_size)
+    if not train_samples:
+        raise ConfigError(["data: the training set is empty"])
+    name = config.model.name
+    base_path = resolve_model(name)  # an embedded name is prepared (converted once) here
+    device = _device(config)
+    model_path = checkpoint / "model" if checkpoint else base_path
+    adapter = checkpoint / "adapter" if checkpoint and (checkpoint / "adapter").exists() else None
+    tokenizer = load_tokenizer(base_path)
+    policy = _load_policy(config, base_path if adapter else model_path, device, adapter)
+    reference = None
+    if config.grpo.kl_coef > 0 and not config.model.lora.enabled:
+        from .models import load_model
+
+        reference = load_model(base_path, dtype=config.model.dtype, device=device).eval()
+        reference.requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.train.lr,
+                                  betas=tuple(config.train.betas), weight_decay=config.train.weight_decay)
+    scheduler = _scheduler(optimizer, config)
+    state = {"position": 0}
+    start_step = 0
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, optimizer=optimizer, scheduler=scheduler)
+        start_step = int(state["step"])
+
+    chat = ChatTemplate(tokenizer)
+    backend = _make_backend(config, model_path)
+    if hasattr(backend, "start"):
+        await backend.start()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    logger = MetricsLogger(run_dir, tensorboard=config.logging.tensorboard,
+                           wandb_project=config.logging.wandb_project, wandb_entity=config.logging.wandb_entity,
+                           run_name=run_dir.name, config=config.model_dump(mode="json"),
+                           resume_step=start_step if checkpoint else None)
+    live = {"auto": None, "on": True, "off": False}[config.logging.live]
+    view = LiveView(config.train.steps, start_step=start_step, enabled=live, console=console)
+    G = config.grpo.group_size
+    last_saved = start_step
+    step = start_step
+    finished_step, last_metrics = start_step, {}
+    notify("rlfactory_on_train_start", config=config)
+
+    def save(at_step: int) -> None:
+        nonlocal last_saved
+        save_checkpoint(run_dir, at_step, model=policy, tokenizer=tokenizer, optimizer=optimizer,
+                        scheduler=scheduler, state={"position": state["position"]},
+                        config=config.model_dump(mode="json"), keep=config.checkpoint.keep)
+        last_saved = at_step
+
+    try:
+        with view, _Stop() as stop:
+            if start_step == 0:
+                view.phase("eval")
+                metrics = await _run_eval(0, eval_samples, task, backend, chat, config, run_dir / "samples", tokenizer)
+                logger.log(0, metrics)
+                view.message(f"eval before training: reward {metrics['eval/reward/mean']:.3f}, "
+                             f"accuracy {metrics['eval/reward/accuracy']:.3f}, "
+                             f"tool calls/trajectory {metrics['eval/tools/calls_per_trajectory']:.2f}")
+            for step in range(start_step + 1, config.train.steps + 1):
+                if stop.requested:
+                    raise TrainingInterrupted(f"stopped before step {step}")
+                times: dict[str, float] = {}
+                started = time.perf_counter()
+
+                # 1-2. prompts and rollout
+                view.phase("rollout")
+                indices = _batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
+                                         state["position"])
+                samples = [train_samples[i] for i in indices]
+                t = time.perf_counter()
+                trajectories = await rollout(samples, env=task.env, parser=task.parser,
+                                             tool_manager=task.tool_manager, backend=backend, chat=chat,
+                                             config=_rollout_config(config, step), group_size=G)
+                times["time/rollout"] = time.perf_counter() - t
+                if stop.requested:
+                    raise TrainingInterrupted(f"stopped during the rollout of step {step}")
+
+                # 3. rewards
+                view.phase("reward")
+                t = time.perf_counter()
+                expanded = [s for s in samples for _ in range(G)]
+                totals, components, reward_errors = await _score(trajectories, expanded, task.rewards)
+                times["time/reward"] = time.perf_counter() - t
+
+                # 4-6. advantages and the update (not interruptible: a half-applied step is lost)
+                view.phase("train")
+                t = time.perf_counter()
+                batch = _build_batch(trajectories, totals, config, pad_id)
+                batch.extra["step"] = step
+                train_stats = await asyncio.to_thread(_update_policy, policy, reference, optimizer, batch, config)
+                scheduler.step()
+                state["position"] += len(indices)
+                times["time/train"] = time.perf_counter() - t
+
+                # 7. weight sync
+                view.phase("weight sync")
+                t = time.perf_counter()
+                await backend.update_weights(_weights_for_backend(policy))
+                times["time/weight_sync"] = time.perf_counter() - t
+
+                # 8. metrics and warnings
+                metrics = _reward_metrics("reward", totals, components)
+                metrics["reward/errors"] = float(reward_errors)
+                groups = [totals[i:i + G] for i in range(0, len(totals), G)]
+                metrics["reward/constant_groups"] = sum(1 for grp in groups if max(grp) == min(grp)) / len(groups)
+                adv = batch.extra["sequence_advantages"]
+                metrics.update({"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std()),
+                                "advantage/max": float(adv.max()), "advantage/min": float(adv.min())})
+                metrics.update(train_stats)
+                metrics["train/lr"] = scheduler.get_last_lr()[0]
+                metrics.update(rollout_metrics(trajectories))
+                metrics.update(_tool_metrics("tools", trajectories))
+                n = len(trajectories)
+                metrics["time/generation_per_trajectory"] = sum(t_.metadata.get("generation_s", 0.0)
+                                                                for t_ in trajectories) / n
+                metrics["time/tools_per_trajectory"] = sum(t_.metadata.get("tool_s", 0.0) for t_ in trajectories) / n
+                metrics["throughput/rollout_tokens_per_s"] = (
+                    metrics["rollout/model_tokens_mean"] * n / max(times["time/rollout"], 1e-9))
+                metrics["throughput/train_tokens_per_s"] = (
+                    float(batch.attention_mask.sum()) * config.grpo.epochs / max(times["time/train"], 1e-9))
+                if task.offers_tools and config.logging.no_tool_call_warning and metrics["rollout/tool_calls"] == 0:
+                    view.message(f"warning: step {step}: the model made no tool call in "
+                                 f"{n} trajectories although the env offers tools; check the parser "
+                                 f"({config.parser}) and the prompt, or add a format reward / few-shot turns")
+                if metrics["reward/constant_groups"] == 1.0:
+                    view.message(f"warning: step {step}: every group's rewards are constant "
+                                 f"(all {totals[0]:g}): nothing to learn from this step; make the task easier or "
+                                 "the reward denser, or raise grpo.group_size")
+
+                # 9. eval and checkpoint
+                if config.eval.every and step % config.eval.every == 0 or step == config.train.steps:
+                    view.phase("eval")
+                    t = time.perf_counter()
+                    metrics.update(await _run_eval(step, eval_samples, task, backend, chat, config,
+                                                   run_dir / "samples", tokenizer))
+                    times["time/eval"] = time.perf_counter() - t
+                    view.message(f"eval at step {step}: reward {metrics['eval/reward/mean']:.3f}, "
+                                 f"accuracy {metrics['eval/reward/accuracy']:.3f}")
+                if step % config.checkpoint.every == 0 or step == config.train.steps:
+                    view.phase("checkpoint")
+                    t = time.perf_counter()
+                    save(step)
+                    times["time/checkpoint"] = time.perf_counter() - t
+                times["time/step"] = time.perf_counter() - started
+                metrics.update(times)
+                metrics["samples"] = [str(s.get("id", "")) if hasattr(s, "get") else "" for s in samples]
+                logger.log(step, metrics)
+                view.update(step, metrics)
+                finished_step = step
+                last_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+                notify("rlfactory_on_train_step_end", step=step, metrics=dict(last_metrics))
+    except (TrainingInterrupted, KeyboardInterrupt) as exc:
+        finished = step if isinstance(exc, TrainingInterrupted) else None
+        # A stop between phases left the model at the end of the last finished step.
+        done = step - 1 if finished is not None else None
+        if done is not None and done > last_saved:
+            save(done)
+        message = (f"interrupted; resume with `rlf train --resume {run_dir}` "
+                   f"(continues after step {max(last_saved, 0)})")
+        raise TrainingInterrupted(message) from None
+    finally:
+        notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
+        logger.close()
+        await backend.close()
+        with contextlib.suppress(Exception):
+            await task.tool_manager.close()
+    return run_dir
+
+
+async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int | None, report_dir: Path | None,
+                         console: Any) -> dict[str, Any]:
+    import json
+
+    from .checkpoint import latest_checkpoint
+    from .models import load_tokenizer, resolve_model
+    from .rollout import ChatTemplate
+
+    path = Path(model)
+    if path.is_dir() and (path / "checkpoints").is_dir():
+        newest = latest_checkpoint(path)
+        if newest is None:
+            raise RLFactoryError(f"run {path} has no checkpoint yet", hint="evaluate a model directory instead")
+        path = newest / "model"
+    elif path.is_dir() and (path / "model").is_dir() and (path / "state.json").is_file():
+        path = path / "model"
+    else:
+        resolved = resolve_model(model)
+        path = resolved if isinstance(resolved, Path) else Path(str(resolved))
+    task = _build_task(config)
+    samples = load_samples(config, task.env, split, size or config.data.eval_size)
+    tokenizer = load_tokenizer(path)
+    backend = _make_backend(config, path)
+    if hasattr(backend, "start"):
+        await backend.start()
+    try:
+        metrics = await _run_eval(0, samples, task, backend, ChatTemplate(tokenizer), config,
+                                  report_dir / "samples" if report_dir else None, tokenizer)
+    finally:
+        await backend.close()
+        with contextlib.suppress(Exception):
+            await task.tool_manager.close()
+    report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),
+              "metrics": metrics}
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,351 @@
+"""The GRPO trainer: its pieces on a tiny model, then whole runs with the default model."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from rlfactory_core import trainer as T
+from rlfactory_core.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from rlfactory_core.config import load_config
+from rlfactory_core.hookspecs import hookimpl
+from rlfactory_core.testing import registered_plugin
+from rlfactory_core.metrics import read_metrics
+from rlfactory_core.models import load_tokenizer
+from rlfactory_core.types import Segment, Trajectory
+
+
+def tiny_model(vocab_size=64, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+    return LlamaForCausalLM(config).float()
+
+
+def trajectory(prompt, *segments, turn_rewards=()):
+    t = Trajectory(sample_id="x", prompt_ids=list(prompt))
+    for kind, ids in segments:
+        t.segments.append(Segment(kind, list(ids), [-0.5] * len(ids) if kind == "model" else None))
+    t.turn_rewards = list(turn_rewards)
+    return t
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def test_data_order_is_fixed_by_seed_and_position():
+    first = T._batch_indices(10, 4, seed=3, position=0)
+    second = T._batch_indices(10, 4, seed=3, position=4)
+    third = T._batch_indices(10, 4, seed=3, position=8)  # crosses into epoch 1
+    epoch0 = first + second + third[:2]
+    assert sorted(epoch0) == list(range(10))  # every sample once per epoch
+    assert T._batch_indices(10, 12, seed=3, position=0) == first + second + third  # resumable anywhere
+    assert T._batch_indices(10, 4, seed=4, position=0) != first
+
+
+def test_micro_batches_respect_the_token_budget():
+    lengths = torch.tensor([10, 50, 20, 40, 30])
+    batches = T._micro_batches(range(5), lengths, token_budget=80)
+    assert sorted(r for b in batches for r in b) == list(range(5))
+    for b in batches:
+        assert len(b) == 1 or max(int(lengths[r]) for r in b) * len(b) <= 80
+    assert T._micro_batches([1], lengths, token_budget=10) == [[1]]  # a long row still gets a batch
+
+
+def test_turn_rewards_sit_on_each_turns_last_model_token():
+    t = trajectory([1, 2], ("model", [3, 4]), ("observation", [5]), ("model", [6]), turn_rewards=[0.5, -1.0])
+    out = T._turn_reward_tensor([t], width=7)
+    assert out.tolist() == [[0, 0, 0, 0.5, 0, -1.0, 0]]  # positions 3 and 5; 6 is padding
+
+
+def test_token_logprobs_match_a_plain_forward_pass():
+    model = tiny_model()
+    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]])
+    with torch.no_grad():
+        logprobs, entropy = T._token_logprobs(model, ids, attention, mask, bf16=False, entropy=True)
+        full = torch.log_softmax(model(input_ids=ids[:1]).logits.float(), -1)[0]
+    for t in (2, 3, 4):
+        assert abs(float(logprobs[0, t]) - float(full[t - 1, ids[0, t]])) < 1e-5
+    assert float(logprobs[0, 0]) == 0 and float(logprobs[1, 3]) == 0  # unmasked positions stay 0
+    assert bool((entropy[mask.bool()] > 0).all())
+
+
+def _batch_for(model, config):
+    trajectories = [trajectory([1, 2, 3], ("model", [4 + i, 5]), ("observation", [6]), ("model", [7, 8 + i]))
+                    for i in range(4)]
+    return T._build_batch(trajectories, [1.0, 0.0, 0.0, 1.0], config, pad_id=0)
+
+
+def _gradients(micro_batch_tokens, loss_agg):
+    config = load_config([], [f"grpo.micro_batch_tokens={micro_batch_tokens}", f"grpo.loss_agg={loss_agg}",
+                              "grpo.group_size=2", "train.bf16=false"])
+    model = tiny_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: keep the weights, read the gradients
+    stats = T._update_policy(model, None, optimizer, _batch_for(model, config), config)
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), stats
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+def test_gradient_accumulation_does_not_change_the_gradient(loss_agg):
+    whole, stats = _gradients(4096, loss_agg)
+    split, _ = _gradients(64, loss_agg)  # one trajectory per micro-batch
+    assert torch.allclose(whole, split, atol=1e-6)
+    assert whole.abs().sum() > 0
+    assert stats["train/clip_fraction"] == 0.0 and abs(stats["train/ratio_mean"] - 1.0) < 1e-6
+
+
+def test_an_update_moves_the_policy_toward_rewarded_tokens():
+    config = load_config([], ["grpo.group_size=2", "train.bf16=false", "train.lr=0.05"])
+    model = tiny_model()
+    batch = _batch_for(model, config)
+    before = T._forward_no_grad(model, batch, [0, 1], config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    for _ in range(3):
+        T._update_policy(model, None, optimizer, batch, config)
+    after = T._forward_no_grad(model, batch, [0, 1], config)
+    mask = batch.loss_mask[:2].bool()
+    # trajectory 0 was rewarded (advantage > 0), trajectory 1 was not
+    assert (after[0][mask[0]] - before[0][mask[0]]).sum() > 0
+    assert (after[1][mask[1]] - before[1][mask[1]]).sum() < 0
+
+
+def test_multi_epoch_updates_use_recomputed_old_logprobs_and_kl():
+    config = load_config([], ["grpo.group_size=2", "train.bf16=false", "grpo.epochs=2", "grpo.mini_batches=2",
+                              "grpo.kl_coef=0.1", "grpo.tis_cap=2.0"])
+    model, reference = tiny_model(), tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    stats = T._update_policy(model, reference, optimizer, _batch_for(model, config), config)
+    assert stats["train/optimizer_steps"] == 4
+    assert stats["train/kl"] > 0  # later mini-batches run on a policy that moved away
+    assert "train/tis_weight_mean" in stats and stats["train/sampler_logprob_diff"] > 0
+
+
+def test_checkpoints_are_atomic_pruned_and_restore_state(tmp_path, default_model_dir):
+    tokenizer = load_tokenizer(default_model_dir)
+    model = tiny_model(vocab_size=len(tokenizer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    leftover = tmp_path / "checkpoints" / ".tmp-step-000009"
+    leftover.mkdir(parents=True)  # an interrupted save
+    for step in (1, 2, 3):
+        torch.manual_seed(step)
+        save_checkpoint(tmp_path, step, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                        scheduler=scheduler, state={"position": step * 8}, config={"env": "arithmetic"}, keep=2)
+    assert not leftover.exists()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000002", "step-000003"]
+    newest = latest_checkpoint(tmp_path)
+    assert newest.name == "step-000003"
+    restored = torch.optim.AdamW(tiny_model(vocab_size=len(tokenizer)).parameters(), lr=1e-3)
+    state = load_checkpoint(newest, optimizer=restored,
+                            scheduler=torch.optim.lr_scheduler.LambdaLR(restored, lambda s: 1.0))
+    assert state == {"step": 3, "position": 24}
+    assert restored.state_dict()["state"][0]["exp_avg"].shape == optimizer.state_dict()["state"][0]["exp_avg"].shape
+    loaded = AutoModelForCausalLM.from_pretrained(newest / "model")  # HF format, safetensors
+    assert (newest / "model" / "model.safetensors").is_file()
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_rng_state_is_restored(tmp_path, default_model_dir):
+    tokenizer = load_tokenizer(default_model_dir)
+    model = tiny_model(vocab_size=len(tokenizer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    torch.manual_seed(123)
+    save_checkpoint(tmp_path, 1, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    state={"position": 0}, config={})
+    expected = torch.rand(3)
+    torch.manual_seed(999)
+    load_checkpoint(latest_checkpoint(tmp_path), optimizer=optimizer, scheduler=scheduler)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_no_checkpoint_to_resume_is_a_clear_error(tmp_path):
+    config = load_config([], [f"run_dir={tmp_path}"])
+    with pytest.raises(Exception, match="has no checkpoint to resume from"):
+        T.train(config, resume=tmp_path)
+
+
+# --------------------------------------------------------------------------- whole runs
+
+SMALL_RUN = ["backend=hf", "grpo.prompts_per_step=2", "grpo.group_size=2", "data.eval_size=4",
+             "eval.every=1", "eval.save_samples=2", "checkpoint.every=1", "rollout.max_turns=2",
+             "rollout.max_tokens_per_turn=40", "rollout.sampling.temperature=0.7", "logging.live=off"]
+
+
+def _rlf(*args, env=None, **kwargs):
+    return subprocess.run([sys.executable, "-m", "rlfactory_cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, **kwargs)
+
+
+class Observer:
+    def __init__(self):
+        self.calls = []
+
+    @hookimpl
+    def rlfactory_on_train_start(self, config):
+        self.calls.append(("start", config.env))
+
+    @hookimpl
+    def rlfactory_on_train_step_end(self, step, metrics):
+        self.calls.append(("step", step, "reward/mean" in metrics))
+
+    @hookimpl
+    def rlfactory_on_train_end(self, step, metrics):
+        self.calls.append(("end", step, "train/loss" in metrics))
+
+
+@pytest.mark.slow
+@pytest.mark.exercises_hook("rlfactory_on_train_start")
+@pytest.mark.exercises_hook("rlfactory_on_train_step_end")
+@pytest.mark.exercises_hook("rlfactory_on_train_end")
+def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    config = load_config([], [*SMALL_RUN, "train.steps=2", f"run_dir={run_dir}"])
+    observer = Observer()
+    with registered_plugin(observer, "observer"):
+        assert T.train(config) == run_dir
+    assert observer.calls == [("start", "arithmetic"), ("step", 1, True), ("step", 2, True), ("end", 2, True)]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    step = records[1]
+    for key in ("reward/mean", "reward/std", "reward/accuracy", "reward/exact_match", "advantage/mean",
+                "advantage/std", "train/loss", "train/kl", "train/entropy", "train/clip_fraction", "train/grad_norm",
+                "train/lr", "rollout/model_tokens_mean", "rollout/total_tokens_mean", "rollout/turns_mean",
+                "tools/calls_per_trajectory", "tools/error_rate", "time/rollout", "time/reward", "time/train",
+                "time/weight_sync", "time/step", "time/generation_per_trajectory", "time/tools_per_trajectory",
+                "eval/reward/mean", "eval/reward/accuracy", "train/sampler_logprob_diff"):
+        assert key in step, key
+    assert any(k.startswith("rollout/stop/") for k in step)
+    assert len(step["samples"]) == 2
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "plugins.yaml").is_file()
+    assert list((run_dir / "tensorboard").glob("events.*"))
+    sample_lines = (run_dir / "samples" / "step-000002.jsonl").read_text().splitlines()
+    assert len(sample_lines) == 2 and "<|im_start|>assistant" in json.loads(sample_lines[0])["text"]
+    assert latest_checkpoint(run_dir).name == "step-000002"
+
+    # the same run, continued: two more steps, the data order of an uninterrupted run
+    longer = load_config([run_dir / "config.yaml"], ["train.steps=4"])
+    T.train(longer, resume=run_dir)
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    train_ids = [s["id"] for s in T.load_samples(longer, _env(), "train", None)]
+    expected = T._batch_indices(len(train_ids), 8, seed=longer.train.seed, position=0)
+    logged = [sid for r in records[1:] for sid in r["samples"]]
+    assert logged == [train_ids[i] for i in expected]
+
+
+def _env():
+    from rlfactory_core.default_plugins.envs import ArithmeticEnv
+
+    return ArithmeticEnv()
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "--env", "arithmetic", "--run-dir", str(run_dir), *SMALL_RUN, "train.steps=3",
+            "eval.every=0", "logging.tensorboard=false"]
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:  # a file, not a pipe: a full pipe nobody reads would block the run
+        process = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", *args], stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and latest_checkpoint(run_dir) is None and process.poll() is None:
+            time.sleep(0.5)
+        assert latest_checkpoint(run_dir) is not None, log.read_text()[-2000:]
+    finally:
+        process.send_signal(signal.SIGKILL)  # no chance to clean up: mid-step, mid-anything
+        process.wait()
+    saved = int(json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["step"])
+    assert saved < 3
+    result = _rlf("train", "--resume", str(run_dir), timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    steps = [r["step"] for r in read_metrics(run_dir)]
+    assert steps == [0, 1, 2, 3]  # nothing repeated, nothing missing
+    assert latest_checkpoint(run_dir).name == "step-000003"
+
+
+@pytest.mark.slow
+def test_sigint_between_steps_checkpoints_the_finished_step(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "--env", "arithmetic", "--run-dir", str(run_dir), *SMALL_RUN, "train.steps=50",
+            "eval.every=0", "checkpoint.every=1000", "logging.tensorboard=false"]
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", *args], stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and len(read_metrics(run_dir)) < 2 and process.poll() is None:
+            time.sleep(0.5)  # eval at step 0, then step 1
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=600)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text()
+    assert process.returncode == 1, output[-2000:]
+    assert "interrupted; resume with `rlf train --resume" in output
+    newest = latest_checkpoint(run_dir)
+    assert newest is not None and int(newest.name.split("-")[1]) >= 1
+
+
+def test_cli_reports_config_errors_all_at_once(rlf):
+    code, out, err = rlf("train", "--env", "arithmetic", "train.lr=-1", "grpo.group_size=1", "bogus.key=3")
+    assert code == 1
+    text = out + err
+    assert "train.lr" in text and "grpo.group_size" in text and "bogus: unknown key" in text
+
+
+def test_cli_help_config_lists_the_keys(rlf):
+    code, out, _ = rlf("train", "--help-config")
+    assert code == 0
+    assert "grpo.clip_high" in out and "cpu-smoke" in out
+
+
+def test_lora_weights_reach_the_backend_merged_under_hf_names(tmp_path, default_model_dir):
+    peft = pytest.importorskip("peft")
+    base = tiny_model()
+    names = set(base.state_dict())
+    model = peft.get_peft_model(base, peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.fill_(0.1)  # B starts at 0; make the adapter change something
+    weights = dict(T._weights_for_backend(model))
+    assert set(weights) == names
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    expected = layer.base_layer.weight + (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * 2.0
+    assert torch.allclose(weights["model.layers.0.self_attn.q_proj.weight"], expected, atol=1e-6)
+    assert not torch.allclose(weights["model.layers.0.self_attn.q_proj.weight"], layer.base_layer.weight)
+    # merging for the backend leaves the trained model as it was
+    assert torch.equal(layer.base_layer.weight, base.model.layers[0].self_attn.q_proj.base_layer.weight)
+    x = torch.tensor([[1, 2, 3]])
+    before = model(input_ids=x).logits
+    T._weights_for_backend(model)
+    assert torch.allclose(model(input_ids=x).logits, before)
+
+    # a checkpoint holds the adapter (to resume) and the merged model (to serve)
+    tokenizer = load_tokenizer(default_model_dir)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    path = save_checkpoint(tmp_path, 1, model=model, tokenizer=tokenizer, optimizer=optimizer,
+                           scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+                           state={"position": 0}, config={})
+    assert (path / "adapter" / "adapter_config.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(path / "model")
+    assert torch.allclose(merged.state_dict()["model.layers.0.self_attn.q_proj.weight"],
+                          weights["model.layers.0.self_attn.q_proj.weight"], atol=1e-6)
