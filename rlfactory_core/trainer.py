@@ -41,10 +41,12 @@ Interrupting (Ctrl-C, SIGTERM) between updates writes a checkpoint of the last f
 step, so no finished step is lost; ``rlf train --resume RUN_DIR`` continues from the newest
 checkpoint with the same data order.
 
-Packing: trajectories are batched padded (sorted by length) everywhere; the varlen
-(packed) path of flash-attention is used on a GPU with ``flash-attn`` installed, where
-``attn_implementation`` resolves to ``flash_attention_2`` (padding-free batches through
-``position_ids``). On CPU, SDPA with length-sorted micro-batches wastes few tokens.
+Batching: trajectories are batched padded, sorted by length into micro-batches, so little
+padding is computed, and the vocabulary projection is applied only at the positions of
+sampled tokens. ``attn_implementation`` resolves to ``flash_attention_2`` on a GPU with
+``flash-attn`` installed, else SDPA. Padding-free packing (flash-attention's varlen path) is
+not implemented yet: ``rlfactory_core.rollout.to_tensordict(layout="packed")`` builds the
+tensors, but the trainer does not use them.
 """
 
 from __future__ import annotations

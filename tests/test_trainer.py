@@ -349,3 +349,24 @@ def test_lora_weights_reach_the_backend_merged_under_hf_names(tmp_path, default_
     merged = AutoModelForCausalLM.from_pretrained(path / "model")
     assert torch.allclose(merged.state_dict()["model.layers.0.self_attn.q_proj.weight"],
                           weights["model.layers.0.self_attn.q_proj.weight"], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_rlf_eval_reports_accuracy_and_tool_use(tmp_path):
+    report = tmp_path / "report"
+    result = _rlf("eval", "--env", "arithmetic", "--model", "smollm2-135m-instruct", "--size", "4",
+                  "--report", str(report), "backend=hf", "rollout.max_turns=2", "rollout.max_tokens_per_turn=40",
+                  timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "reward/accuracy" in result.stdout and "tools/calls_per_trajectory" in result.stdout
+    data = json.loads((report / "report.json").read_text())
+    assert data["samples"] == 4 and data["split"] == "test"
+    assert 0.0 <= data["metrics"]["eval/reward/accuracy"] <= 1.0
+    assert len((report / "samples" / "step-000000.jsonl").read_text().splitlines()) == 4
+
+
+def test_rlf_eval_of_a_run_without_checkpoints_is_a_clear_error(tmp_path, rlf):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text("env: arithmetic\n")
+    code, out, err = rlf("eval", "--env", "arithmetic", "--model", str(tmp_path))
+    assert code == 1 and "has no checkpoint yet" in out + err
