@@ -6,14 +6,15 @@ PIP := $(PY) -m pip
 # Extras of the root distribution: `cpu` is vLLM's CPU build (use `gpu` on CUDA machines).
 EXTRAS ?= cpu,ray,qwen-agent,wandb,lora,test
 TORCH_VERSION ?= 2.13.0
-PLUGIN_DIRS := $(wildcard plugins/*)
+# Every first-party plugin: plugins/* and the distributions in contrib/ (not its template).
+PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install test docs check-docs clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
+$(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) Makefile
 	$(PYTHON) -m venv $(VENV)
 	@# torch first and pinned: on this machine that is the CPU wheel on disk; every later
 	@# requirement on torch is a range it satisfies, so nothing pulls CUDA wheels.

@@ -1,4 +1,4 @@
-"""Learning curve: GRPO on the built-in arithmetic tool task with the embedded default model.
+"""Learning curve: GRPO on the arithmetic tool task with the embedded default model.
 
 Trains SmolLM2-135M-Instruct for ``--steps`` steps (4 prompts x 8 trajectories each,
 temperature 0.7, the calculator tool, exact-match reward) and evaluates on the same 64

@@ -9,11 +9,11 @@ process, one after the other:
   wait for the slowest sequence, run every tool call of the batch, wait for the slowest
   call, build the observations, and only then start the next turn.
 
-The task is the built-in ``arithmetic`` env with several questions per episode (a tool
-call and an answer for each, so several tool calls per trajectory), sampled at
-temperature 0.7 (varied response lengths). Each tool call first sleeps for a random,
-exponentially distributed latency (drawn from a seeded RNG keyed by the call, so both
-schedules see the same latencies for the same calls).
+The task is the ``arithmetic`` env (``contrib/rlfactory-plugin-arithmetic``) with several
+questions per episode (a tool call and an answer for each, so several tool calls per
+trajectory), sampled at temperature 0.7 (varied response lengths). Each tool call first
+sleeps for a random, exponentially distributed latency (drawn from a seeded RNG keyed by
+the call, so both schedules see the same latencies for the same calls).
 
 The rollout batch (64 trajectories) is twice the engine's concurrency (32 sequences,
 vLLM's ``max_num_seqs`` / hf's ``max_batch_size``), as in training, where a step's
@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rlfactory_core.default_plugins.envs import ArithmeticEnv
+from rlfactory_arithmetic import ArithmeticEnv
 from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
 from rlfactory_core.plugins import get_component

@@ -58,7 +58,6 @@ DEFAULT_PLUGINS = {
     "rlfactory.tools": "rlfactory_core.default_plugins.tools",
     "rlfactory.tool_managers": "rlfactory_core.default_plugins.tool_managers",
     "rlfactory.rewards": "rlfactory_core.default_plugins.rewards",
-    "rlfactory.envs": "rlfactory_core.default_plugins.envs",
 }
 
 REGISTRATION_HOOKS = {

@@ -1,4 +1,4 @@
-"""Learning is real: GRPO on the built-in arithmetic tool task makes the default model better.
+"""Learning is real: GRPO on the arithmetic tool task makes the default model better.
 
 The embedded SmolLM2-135M-Instruct, with the env's few-shot tool-call examples, answers about
 40% of held-out questions right when sampling at temperature 0.7 (it often skips the

@@ -452,6 +452,9 @@ def test_plugins_list_shows_installed_plugins_and_all_adds_the_builtins(rlf):
     assert rows["qwen3"]["status"] == "ok" and rows["qwen3"]["components"] == {"parser": ["qwen3"]}
     assert {"rlfactory.tools", "rlfactory.tool_managers", "rlfactory.rewards"} <= set(rows)
     assert all(rows[name]["builtin"] for name in ("rlfactory.tools", "rlfactory.rewards"))
+    # The arithmetic env is not in the core: `make install` installs its contrib plugin by default.
+    assert (rows["arithmetic"]["distribution"], rows["arithmetic"]["builtin"]) == ("rlfactory-plugin-arithmetic", False)
+    assert rows["arithmetic"]["components"] == {"env": ["arithmetic"]}
 
 
 def test_version_and_errors_are_one_line(rlf):

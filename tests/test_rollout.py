@@ -1,6 +1,6 @@
 """The agent loop end to end: the default model, the qwen3 parser, real tools, the hf backend.
 
-The built-in ``arithmetic`` env shows the embedded 135M model two example tool calls,
+The ``arithmetic`` env (``contrib/rlfactory-plugin-arithmetic``) shows the embedded 135M model two example tool calls,
 which it then imitates, so these trajectories contain real calls written by a real model.
 """
 
@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
+from rlfactory_arithmetic import ArithmeticEnv
 from rlfactory_core import hookimpl
-from rlfactory_core.default_plugins.envs import ArithmeticEnv
 from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.plugins import get_component

@@ -247,7 +247,7 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path):
 
 
 def _env():
-    from rlfactory_core.default_plugins.envs import ArithmeticEnv
+    from rlfactory_arithmetic import ArithmeticEnv
 
     return ArithmeticEnv()
 

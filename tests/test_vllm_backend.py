@@ -382,7 +382,7 @@ async def test_construction_is_cheap_and_checks_its_options(default_model_dir):
 async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokenizer):
     """The agent loop end to end on vLLM: the default model, the qwen3 parser, the built-in
     calculator through the concurrent tool manager, the arithmetic env's two questions."""
-    from rlfactory_core.default_plugins.envs import ArithmeticEnv
+    from rlfactory_arithmetic import ArithmeticEnv
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
     from rlfactory_core.plugins import get_component
     from rlfactory_core.rollout import ChatTemplate, RolloutConfig, check_retokenization, rollout, to_tensordict

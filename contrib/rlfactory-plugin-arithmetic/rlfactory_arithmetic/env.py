@@ -1,4 +1,4 @@
-"""Built-in env ``arithmetic``: questions answered with the ``calculator`` tool.
+"""The env ``arithmetic``: questions answered with the ``calculator`` tool.
 
 A small, fully offline task for smoke-testing a setup end to end and for benchmarking
 the rollout engine: every question needs one tool call, and an episode can ask several
@@ -14,8 +14,8 @@ import random
 import re
 from typing import Any, Sequence
 
-from ..hookspecs import hookimpl
-from ..types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
+from rlfactory_core.plugins import get_component
+from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
 
 SYSTEM_PROMPT = "You are a helpful assistant. Always call the calculator tool first, then answer."
 NO_TOOLS_PROMPT = "You are a helpful assistant. Answer with the number only."
@@ -57,8 +57,6 @@ class ArithmeticEnv:
                  use_tools: bool = True):
         if questions_per_episode < 1:
             raise ValueError(f"questions_per_episode must be >= 1, got {questions_per_episode}")
-        from ..plugins import get_component
-
         self.questions_per_episode = questions_per_episode
         self.few_shot = few_shot
         self.seed = seed
@@ -110,8 +108,3 @@ class ArithmeticEnv:
 
     async def close(self, state: Any) -> None:
         """Nothing to release: the calculator holds no resources."""
-
-
-@hookimpl
-def rlfactory_register_envs(register):
-    register(ArithmeticEnv)
