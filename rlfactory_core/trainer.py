@@ -58,7 +58,6 @@ import os
 import random
 import signal
 import statistics
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -188,12 +187,10 @@ def _attn_implementation(config: RunConfig, device: Any) -> str:
     if choice != "auto":
         return choice
     if device.type == "cuda":
-        try:
-            import flash_attn  # noqa: F401
+        import importlib.util
 
+        if importlib.util.find_spec("flash_attn") is not None:
             return "flash_attention_2"
-        except ImportError:
-            pass
     return "sdpa"
 
 
