@@ -277,14 +277,15 @@ def _plugin_versions() -> dict[str, str]:
 # --------------------------------------------------------------------------- data order
 
 
-def _batch_indices(num_samples: int, count: int, seed: int, position: int) -> list[int]:
+def _batch_indices(num_samples: int, count: int, seed: int, position: int, shuffle: bool = True) -> list[int]:
     """``count`` sample indices starting at global ``position``: epoch ``e`` visits the
-    samples in a permutation fixed by (seed, e)."""
+    samples in a permutation fixed by (seed, e), or in file order without ``shuffle``."""
     out = []
     while len(out) < count:
         epoch, offset = divmod(position, num_samples)
         order = list(range(num_samples))
-        random.Random(f"{seed}:{epoch}").shuffle(order)
+        if shuffle:
+            random.Random(f"{seed}:{epoch}").shuffle(order)
         take = min(count - len(out), num_samples - offset)
         out.extend(order[offset:offset + take])
         position += take
@@ -755,7 +756,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 # 1-2. prompts and rollout
                 view.phase("rollout")
                 indices = _batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
-                                         state["position"])
+                                         state["position"], shuffle=config.data.shuffle)
                 samples = [train_samples[i] for i in indices]
                 t = time.perf_counter()
                 trajectories = await rollout(samples, env=task.env, parser=task.parser,

@@ -130,3 +130,13 @@ async def test_exact_match_reward():
     assert (hit.value, hit.components, miss.value) == (1.0, {"exact_match": 1.0}, 0.0)
     with pytest.raises(KeyError, match="no 'answer' key"):
         await reward.score(Trajectory(sample_id="1", prompt_ids=[]), {"question": "?"})
+
+
+@pytest.mark.parametrize("answer, expected, value", [
+    ("-2585", "2585", 0.0), ("1.5", "15", 0.0), ("-12", "-12", 1.0), ("1,024", "1024", 1.0), ("7.0", "7", 1.0),
+])
+async def test_exact_match_compares_numbers_as_numbers(answer, expected, value):
+    # normalising "-2585" would drop the sign and score a wrong answer as right
+    output = await ExactMatchReward().score(Trajectory(sample_id="1", prompt_ids=[], final_answer=answer),
+                                            {"answer": expected})
+    assert output.value == value

@@ -47,6 +47,7 @@ def test_data_order_is_fixed_by_seed_and_position():
     assert sorted(epoch0) == list(range(10))  # every sample once per epoch
     assert T._batch_indices(10, 12, seed=3, position=0) == first + second + third  # resumable anywhere
     assert T._batch_indices(10, 4, seed=4, position=0) != first
+    assert T._batch_indices(10, 12, seed=3, position=0, shuffle=False) == [*range(10), 0, 1]
 
 
 def test_micro_batches_respect_the_token_budget():

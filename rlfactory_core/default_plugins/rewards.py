@@ -17,6 +17,22 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text.strip().replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _same_answer(answer: str, expected: str) -> bool:
+    """Numbers compare as numbers (normalising would drop their sign and decimal point:
+    "-12" is not "12", "1.5" is not "15"); everything else after :func:`normalize_answer`."""
+    a, e = _as_number(answer), _as_number(expected)
+    if a is not None and e is not None:
+        return a == e
+    return normalize_answer(answer) == normalize_answer(expected)
+
+
 class ExactMatchReward:
     """1.0 when the trajectory's final answer equals one of the sample's answers after
     normalisation, else 0.0. The sample's ``answer`` (or ``answers``) may be a string or a
@@ -34,7 +50,7 @@ class ExactMatchReward:
             raise KeyError(f"sample has no {self.answer_key!r} key for the exact_match reward")
         accepted = [expected] if isinstance(expected, str) else list(expected)
         answer = trajectory.final_answer
-        hit = answer is not None and normalize_answer(answer) in {normalize_answer(str(a)) for a in accepted}
+        hit = answer is not None and any(_same_answer(answer, str(a)) for a in accepted)
         value = 1.0 if hit else 0.0
         return RewardOutput(value=value, components={"exact_match": value})
 
