@@ -161,10 +161,13 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
     if not hasattr(env, "dataset"):
         raise ConfigError([f"data.{'train' if split == 'train' else 'eval'}_file: the {config.env!r} env has no "
                            "built-in data; give a JSONL file"])
-    try:
-        return list(env.dataset(size=size or 256, split=split))
-    except TypeError:
-        return list(env.dataset(size or 256))
+    import inspect
+
+    if "split" not in inspect.signature(env.dataset).parameters:
+        # Without splits, evaluation would run on training samples: refuse rather than guess.
+        raise ConfigError([f"data.eval_file: the {config.env!r} env's dataset() has no split; give JSONL files "
+                           "(data.train_file, data.eval_file)"])
+    return list(env.dataset(size=size or 256, split=split))
 
 
 def _new_run_dir(config: RunConfig) -> Path:
@@ -240,7 +243,7 @@ def _scheduler(optimizer: Any, config: RunConfig) -> Any:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _make_backend(config: RunConfig, model_path: Path) -> Any:
+def _make_backend(config: RunConfig, model_path: Path | str) -> Any:
     from .rollout import make_backend
 
     try:
@@ -337,20 +340,19 @@ def _reward_metrics(prefix: str, totals: Sequence[float], components: Sequence[d
     return metrics
 
 
-def _tool_metrics(prefix: str, trajectories: Sequence[Any]) -> dict[str, float]:
-    n = len(trajectories)
-    calls = sum(len(t.tool_calls) for t in trajectories)
-    kinds: Counter[str] = Counter()
-    for t in trajectories:
-        kinds.update(t.metadata.get("tool_errors", {}))
+def _tool_metrics(prefix: str, rollout: dict[str, float], trajectories: Sequence[Any]) -> dict[str, float]:
+    """Per-trajectory and per-call rates from :func:`~rlfactory_core.rollout.rollout_metrics`."""
+    n = max(rollout["rollout/trajectories"], 1.0)
+    calls = rollout.get("rollout/tool_calls", 0.0)
     metrics = {
         f"{prefix}/calls_per_trajectory": calls / n,
         f"{prefix}/trajectories_with_calls": sum(1 for t in trajectories if t.tool_calls) / n,
-        f"{prefix}/error_rate": sum(kinds.values()) / calls if calls else 0.0,
-        f"{prefix}/parse_errors_per_trajectory": sum(t.metadata.get("parse_errors", 0) for t in trajectories) / n,
+        f"{prefix}/error_rate": rollout.get("rollout/tool_errors", 0.0) / calls if calls else 0.0,
+        f"{prefix}/parse_errors_per_trajectory": rollout.get("rollout/parse_errors", 0.0) / n,
     }
-    for kind, count in sorted(kinds.items()):
-        metrics[f"{prefix}/error_rate/{kind}"] = count / calls if calls else 0.0
+    for key, count in rollout.items():
+        if key.startswith("rollout/tool_errors/"):
+            metrics[f"{prefix}/error_rate/{key.rsplit('/', 1)[1]}"] = count / calls if calls else 0.0
     return metrics
 
 
@@ -519,6 +521,7 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: _Batch, co
         counts[key] += weight
 
     params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
     shuffler = random.Random(f"{config.train.seed}:minibatches:{batch.extra.get('step', 0)}")
     for _epoch in range(g.epochs):
         order = list(rows)
@@ -533,7 +536,6 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: _Batch, co
             for micro in _micro_batches(mini, batch.lengths, g.micro_batch_tokens):
                 width = int(batch.lengths[micro].max())
                 mask = batch.loss_mask[micro, :width]
-                device = next(model.parameters()).device
                 logprobs, entropies = _token_logprobs(
                     model, batch.input_ids[micro, :width], batch.attention_mask[micro, :width], mask,
                     bf16=config.train.bf16, entropy=True, entropy_grad=g.entropy_coef > 0)
@@ -563,7 +565,6 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: _Batch, co
                 record("train/sampler_kl", masked_mean(torch.exp(sampler - old) - (sampler - old) - 1, mask_d), tokens)
                 if weights is not None:
                     record("train/tis_weight_mean", masked_mean(weights, mask_d), tokens)
-                record("train/tokens", tokens, 0.0)
                 sums["train/trained_tokens"] += tokens
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm or float("inf"))
             record("train/grad_norm", grad_norm)
@@ -601,8 +602,9 @@ async def _run_eval(step: int, samples: Sequence[Any], task: _Task, backend: Any
                                  config=_rollout_config(config, -1, temperature=config.eval.temperature))
     totals, components, errors = await _score(trajectories, samples, task.rewards)
     metrics = _reward_metrics("eval/reward", totals, components)
-    metrics.update(_tool_metrics("eval/tools", trajectories))
-    metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_metrics(trajectories).items()})
+    rollout_stats = rollout_metrics(trajectories)
+    metrics.update(_tool_metrics("eval/tools", rollout_stats, trajectories))
+    metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_stats.items()})
     metrics["eval/reward/errors"] = float(errors)
     if out_dir is not None and config.eval.save_samples:
         _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],
@@ -799,8 +801,9 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                                 "advantage/max": float(adv.max()), "advantage/min": float(adv.min())})
                 metrics.update(train_stats)
                 metrics["train/lr"] = scheduler.get_last_lr()[0]
-                metrics.update(rollout_metrics(trajectories))
-                metrics.update(_tool_metrics("tools", trajectories))
+                rollout_stats = rollout_metrics(trajectories)
+                metrics.update(rollout_stats)
+                metrics.update(_tool_metrics("tools", rollout_stats, trajectories))
                 n = len(trajectories)
                 metrics["time/generation_per_trajectory"] = sum(t_.metadata.get("generation_s", 0.0)
                                                                 for t_ in trajectories) / n
@@ -866,17 +869,17 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     from .models import load_tokenizer, resolve_model
     from .rollout import ChatTemplate
 
-    path = Path(model)
-    if path.is_dir() and (path / "checkpoints").is_dir():
-        newest = latest_checkpoint(path)
+    given = Path(model)
+    path: Path | str
+    if given.is_dir() and (given / "checkpoints").is_dir():
+        newest = latest_checkpoint(given)
         if newest is None:
-            raise RLFactoryError(f"run {path} has no checkpoint yet", hint="evaluate a model directory instead")
+            raise RLFactoryError(f"run {given} has no checkpoint yet", hint="evaluate a model directory instead")
         path = newest / "model"
-    elif path.is_dir() and (path / "model").is_dir() and (path / "state.json").is_file():
-        path = path / "model"
+    elif given.is_dir() and (given / "model").is_dir() and (given / "state.json").is_file():
+        path = given / "model"
     else:
-        resolved = resolve_model(model)
-        path = resolved if isinstance(resolved, Path) else Path(str(resolved))
+        path = resolve_model(model)  # an embedded name (prepared), a directory, or a hub id (a str)
     task = _build_task(config)
     samples = load_samples(config, task.env, split, size or config.data.eval_size)
     tokenizer = load_tokenizer(path)

@@ -370,3 +370,13 @@ def test_rlf_eval_of_a_run_without_checkpoints_is_a_clear_error(tmp_path, rlf):
     (tmp_path / "config.yaml").write_text("env: arithmetic\n")
     code, out, err = rlf("eval", "--env", "arithmetic", "--model", str(tmp_path))
     assert code == 1 and "has no checkpoint yet" in out + err
+
+
+def test_an_env_dataset_without_splits_is_refused_not_reused_for_eval():
+    class NoSplits:
+        def dataset(self, size=64):
+            return [{"id": str(i)} for i in range(size)]
+
+    config = load_config([], [])
+    with pytest.raises(Exception, match="has no split"):
+        T.load_samples(config, NoSplits(), "test", 4)

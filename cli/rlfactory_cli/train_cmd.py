@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -121,5 +120,3 @@ def eval_command(
             table.add_row(key.removeprefix("eval/"), f"{value:.3f}")
     out.print(table)
     out.print(f"report: {report / 'report.json'}")
-    if os.environ.get("RLFACTORY_EVAL_JSON"):
-        out.print(json.dumps(result))
