@@ -35,6 +35,11 @@ __all__ = [
 ]
 
 
+def _yaml_on_off(cls: Any, value: Any) -> Any:
+    """YAML 1.1 reads ``on``/``off`` as booleans: map them back for on/off/auto fields."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+
 class _Section(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -92,7 +97,13 @@ class GRPOSection(_Section):
     epochs: int = _field(1, "passes over each rollout batch", ge=1)
     mini_batches: int = _field(1, "optimizer steps per epoch (the batch split into this many)", ge=1)
     micro_batch_tokens: int = _field(
-        2048, "padded tokens per forward/backward (gradient accumulation; memory grows with it)", ge=64)
+        2048, "tokens per forward/backward, padding included (gradient accumulation; memory grows with it)",
+        ge=64)
+    packing: Literal["auto", "on", "off"] = _field(
+        "auto", "feed micro-batches without padding (trajectories concatenated, positions restarting); "
+                "auto = on with flash-attention 2 (its varlen kernel), off with SDPA, where the block-diagonal "
+                "mask costs more than the little padding of length-sorted micro-batches")
+    _packing_on_off = pydantic.field_validator("packing", mode="before")(_yaml_on_off)
     entropy_coef: float = _field(0.0, "entropy bonus coefficient (0 = only measured)", ge=0)
     turn_rewards: bool = _field(
         True, "add the env's per-turn rewards (placed on each turn's last token) to the advantage")
@@ -137,11 +148,7 @@ class LoggingSection(_Section):
     wandb_entity: str | None = _field(None, "Weights & Biases entity (team)")
     live: Literal["auto", "on", "off"] = _field("auto", "rich live view: auto = when stdout is a terminal")
 
-    @pydantic.field_validator("live", mode="before")
-    @classmethod
-    def _yaml_on_off(cls, value: Any) -> Any:
-        # YAML 1.1 reads on/off as booleans
-        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    _live_on_off = pydantic.field_validator("live", mode="before")(_yaml_on_off)
     no_tool_call_warning: bool = _field(True, "warn when a step makes no tool call although tools are offered")
 
 

@@ -23,10 +23,10 @@ One training step:
    to weight tokens by a truncated importance ratio.
 6. **Update**: ``grpo.epochs`` passes; each splits the batch into ``grpo.mini_batches``
    optimizer steps; each of those accumulates gradients over micro-batches of at most
-   ``grpo.micro_batch_tokens`` padded tokens (trajectories sorted by length, so little
-   padding). The loss normalisers are the mini-batch's, so accumulation does not change the
-   objective. bf16 autocast, gradient clipping, AdamW, the LR schedule stepped per step.
-   Only model tokens carry loss. With ``grpo.kl_coef > 0`` a frozen reference model (or,
+   ``grpo.micro_batch_tokens`` tokens (trajectories sorted by length, so little padding,
+   or packed without any; see Batching below). The loss normalisers are the mini-batch's,
+   so accumulation does not change the objective. bf16 autocast, gradient clipping, AdamW,
+   the LR schedule stepped per step. Only model tokens carry loss. With ``grpo.kl_coef > 0`` a frozen reference model (or,
    with LoRA, the model with its adapters off) gives the KL term.
 7. **Weight sync**: the new weights go to the generation backend in place (vLLM: loaded
    into the running engine; hf: copied between requests), no restart.
@@ -41,12 +41,16 @@ Interrupting (Ctrl-C, SIGTERM) between updates writes a checkpoint of the last f
 step, so no finished step is lost; ``rlf train --resume RUN_DIR`` continues from the newest
 checkpoint with the same data order.
 
-Batching: trajectories are batched padded, sorted by length into micro-batches, so little
-padding is computed, and the vocabulary projection is applied only at the positions of
-sampled tokens. ``attn_implementation`` resolves to ``flash_attention_2`` on a GPU with
-``flash-attn`` installed, else SDPA. Padding-free packing (flash-attention's varlen path) is
-not implemented yet: ``rlfactory_core.rollout.to_tensordict(layout="packed")`` builds the
-tensors, but the trainer does not use them.
+Batching: the rollout batch travels as a ``tensordict.TensorDict`` (one row per
+trajectory). Micro-batches are trajectories of similar length; the vocabulary projection is
+applied only at the positions of sampled tokens. ``attn_implementation`` resolves to
+``flash_attention_2`` on a GPU with ``flash-attn`` installed (the ``gpu`` extra), else SDPA.
+With flash-attention, micro-batches are packed (``grpo.packing``): the trajectories are
+concatenated into one row with positions restarting at each, so no padding is computed and
+transformers runs flash-attention's varlen kernel. With SDPA the same packed row works
+(transformers builds a block-diagonal mask) and gives the same logprobs and gradients (tested),
+but attention then costs the whole [T, T] square; on this CPU that was slower than padding
+length-sorted micro-batches, so ``auto`` packs only with flash-attention.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ import signal
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Sequence
@@ -357,24 +361,13 @@ def _tool_metrics(prefix: str, rollout: dict[str, float], trajectories: Sequence
 
 
 # --------------------------------------------------------------------------- tensors
-
-
-@dataclass
-class _Batch:
-    """The rollout batch as padded tensors, plus per-trajectory advantages."""
-
-    input_ids: Any
-    attention_mask: Any
-    loss_mask: Any
-    sampler_logprobs: Any
-    advantages: Any  # [B, L] per token
-    lengths: Any
-    old_logprobs: Any = None
-    ref_logprobs: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
+#
+# The rollout batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per
+# trajectory, right-padded): ``input_ids``, ``attention_mask``, ``loss_mask``,
+# ``sampler_logprobs`` and ``advantages`` ([B, L]), ``lengths`` and
+# ``sequence_advantages`` ([B]); the update adds ``old_logprobs`` and ``ref_logprobs``.
+# Micro-batches are row selections of it, narrowed to their longest row, and each is fed
+# to the model padded or packed (``grpo.packing``).
 
 
 def _turn_reward_tensor(trajectories: Sequence[Any], width: int) -> Any:
@@ -394,7 +387,8 @@ def _turn_reward_tensor(trajectories: Sequence[Any], width: int) -> Any:
     return out
 
 
-def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int) -> _Batch:
+def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int) -> Any:
+    """The rollout batch as a TensorDict (see above), with per-token advantages."""
     import torch
 
     from .algorithms.grpo import group_advantages, token_advantages
@@ -406,21 +400,31 @@ def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: 
     turn_rewards = None
     if config.grpo.turn_rewards and any(any(t.turn_rewards) for t in trajectories):
         turn_rewards = _turn_reward_tensor(trajectories, td["input_ids"].shape[1])
-    per_token = token_advantages(advantages, td["loss_mask"], turn_rewards)
-    return _Batch(input_ids=td["input_ids"], attention_mask=td["attention_mask"], loss_mask=td["loss_mask"],
-                  sampler_logprobs=td["logprobs"], advantages=per_token, lengths=td["lengths"],
-                  extra={"sequence_advantages": advantages})
+    td["sampler_logprobs"] = td.pop("logprobs")
+    td["advantages"] = token_advantages(advantages, td["loss_mask"], turn_rewards)
+    td["sequence_advantages"] = advantages
+    del td["position_ids"], td["prompt_lengths"]
+    return td
 
 
-def _micro_batches(rows: Sequence[int], lengths: Any, token_budget: int) -> list[list[int]]:
-    """``rows`` grouped so that rows x longest row <= token_budget (at least one row each),
-    by length so that little padding is computed."""
+def _rows_of(batch: Any, rows: Sequence[int]) -> Any:
+    """The micro-batch of ``rows``: a TensorDict narrowed to its longest row."""
+    micro = batch[list(rows)]
+    width = int(micro["lengths"].max())
+    return micro.apply(lambda t: t[:, :width] if t.dim() > 1 else t)
+
+
+def _micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: bool = False) -> list[list[int]]:
+    """``rows`` grouped by length (so that little padding is computed), at most
+    ``token_budget`` tokens each (at least one row): counted padded (rows x longest row)
+    or, ``packed``, as the sum of the rows' lengths."""
     ordered = sorted(rows, key=lambda r: int(lengths[r]))
     batches: list[list[int]] = []
     current: list[int] = []
     for row in ordered:
-        longest = max([int(lengths[r]) for r in current] + [int(lengths[row])])
-        if current and longest * (len(current) + 1) > token_budget:
+        candidate = [int(lengths[r]) for r in current] + [int(lengths[row])]
+        tokens = sum(candidate) if packed else max(candidate) * len(candidate)
+        if current and tokens > token_budget:
             batches.append(current)
             current = []
         current.append(row)
@@ -429,42 +433,76 @@ def _micro_batches(rows: Sequence[int], lengths: Any, token_budget: int) -> list
     return batches
 
 
-def _token_logprobs(model: Any, input_ids: Any, attention_mask: Any, loss_mask: Any, *, bf16: bool,
-                    entropy: bool, entropy_grad: bool = False) -> tuple[Any, Any]:
-    """``[b, l]`` logprobs (and entropies) of the tokens where ``loss_mask`` is 1 under
-    ``model``; zeros elsewhere. Only the masked positions' logits are normalised. The
-    entropy carries a gradient only with ``entropy_grad`` (an entropy bonus)."""
+def _use_packing(config: RunConfig, attn_implementation: str) -> bool:
+    """Packing pays only where attention skips the masked-out blocks: flash-attention's
+    varlen path. SDPA applies a packed batch's block-diagonal mask to the full
+    [T, T] score matrix, which on this CPU made a forward of 4 length-sorted
+    trajectories ~20% slower than padding them (see ``grpo.packing``)."""
+    if config.grpo.packing == "auto":
+        return attn_implementation.startswith("flash_attention")
+    return config.grpo.packing == "on"
+
+
+def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entropy_grad: bool = False,
+                    packed: bool = False) -> tuple[Any, Any]:
+    """``[b, l]`` logprobs (and entropies) under ``model`` of the tokens of the micro-batch
+    ``micro`` where its ``loss_mask`` is 1; zeros elsewhere. Only the masked positions'
+    logits are normalised. The entropy carries a gradient only with ``entropy_grad`` (an
+    entropy bonus).
+
+    ``packed``: the rows' real tokens are concatenated into one row, with positions
+    restarting at each trajectory and no attention mask; transformers then keeps the
+    trajectories apart (flash-attention's varlen kernel, or a block-diagonal mask), and no
+    padding token is computed. The results are scattered back to the padded layout."""
     import torch
 
     from .algorithms.grpo import entropy_from_logits
 
     device = next(model.parameters()).device
-    input_ids, attention_mask, loss_mask = input_ids.to(device), attention_mask.to(device), loss_mask.to(device)
+    input_ids, attention_mask = micro["input_ids"].to(device), micro["attention_mask"].to(device)
+    loss_mask = micro["loss_mask"].to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if packed:
+        real = attention_mask.bool()
+        # right-padded rows: row-major selection keeps each trajectory contiguous, in order
+        model_ids, model_mask, model_positions = input_ids[real][None], None, position_ids[real][None]
+        scored = loss_mask[real][None]
+    else:
+        model_ids, model_mask, model_positions, scored = input_ids, attention_mask, position_ids, loss_mask
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
-    # token t is predicted from position t - 1
-    targets = loss_mask[:, 1:].bool()
+    # Token t is predicted from position t - 1. Packed, position t - 1 may be the end of the
+    # previous trajectory, but only for a trajectory's first token, which is a prompt token
+    # and never scored.
+    targets = scored[:, 1:].bool()
     decoder, head = _decoder_and_head(model)
     with autocast:
         if decoder is not None:
             # The vocabulary projection only where a sampled token is scored: prompts and
             # observations are most of a trajectory, and [tokens, vocab] logits are most of
             # the memory (49k x 4 bytes a token for SmolLM2).
-            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            hidden = decoder(input_ids=model_ids, attention_mask=model_mask, position_ids=model_positions,
                              use_cache=False).last_hidden_state
             chosen = head(hidden[:, :-1][targets]).float()  # [N, V]
         else:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            logits = model(input_ids=model_ids, attention_mask=model_mask, position_ids=model_positions,
                            use_cache=False).logits
             chosen = logits[:, :-1][targets].float()
-    token_ids = input_ids[:, 1:][targets]
-    logprobs = torch.zeros(loss_mask.shape, dtype=torch.float32, device=device)
-    logprobs[:, 1:][targets] = chosen.gather(-1, token_ids[:, None]).squeeze(-1) - torch.logsumexp(chosen, -1)
+    token_ids = model_ids[:, 1:][targets]
+
+    def unpack(values: Any) -> Any:
+        flat = torch.zeros(scored.shape, dtype=torch.float32, device=device)
+        flat[:, 1:][targets] = values
+        if not packed:
+            return flat
+        out = torch.zeros(loss_mask.shape, dtype=torch.float32, device=device)
+        out[real] = flat[0]
+        return out
+
+    logprobs = unpack(chosen.gather(-1, token_ids[:, None]).squeeze(-1) - torch.logsumexp(chosen, -1))
     entropies = None
     if entropy:
-        entropies = torch.zeros(loss_mask.shape, dtype=torch.float32, device=device)
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropies[:, 1:][targets] = entropy_from_logits(chosen)
+            entropies = unpack(entropy_from_logits(chosen))
     return logprobs, entropies
 
 
@@ -482,36 +520,36 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     return decoder, head
 
 
-def _forward_no_grad(model: Any, batch: _Batch, rows: list[int], config: RunConfig) -> Any:
+def _forward_no_grad(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool) -> Any:
     import torch
 
-    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
     with torch.no_grad():
-        for micro in _micro_batches(rows, batch.lengths, config.grpo.micro_batch_tokens):
-            width = int(batch.lengths[micro].max())
-            logprobs, _ = _token_logprobs(model, batch.input_ids[micro, :width], batch.attention_mask[micro, :width],
-                                          batch.loss_mask[micro, :width], bf16=config.train.bf16, entropy=False)
-            out[micro, :width] = logprobs.cpu()
+        for micro_rows in _micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed):
+            micro = _rows_of(batch, micro_rows)
+            logprobs, _ = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed)
+            out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
     return out
 
 
-def _update_policy(model: Any, reference: Any, optimizer: Any, batch: _Batch, config: RunConfig) -> dict[str, float]:
-    """The optimizer steps on one rollout batch; their statistics."""
+def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config: RunConfig, *,
+                   step: int = 0, packed: bool = False) -> dict[str, float]:
+    """The optimizer steps on one rollout batch (a TensorDict, see above); their statistics."""
     import torch
 
     from .algorithms.grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
 
     g = config.grpo
-    rows = list(range(len(batch)))
+    rows = list(range(batch.batch_size[0]))
     on_policy = g.epochs * g.mini_batches == 1
     if not on_policy:
-        batch.old_logprobs = _forward_no_grad(model, batch, rows, config)
+        batch["old_logprobs"] = _forward_no_grad(model, batch, rows, config, packed)
     if g.kl_coef > 0:
         if reference is None:  # LoRA: the base model is the adapters switched off
             with model.disable_adapter():
-                batch.ref_logprobs = _forward_no_grad(model, batch, rows, config)
+                batch["ref_logprobs"] = _forward_no_grad(model, batch, rows, config, packed)
         else:
-            batch.ref_logprobs = _forward_no_grad(reference, batch, rows, config)
+            batch["ref_logprobs"] = _forward_no_grad(reference, batch, rows, config, packed)
 
     sums: Counter[str] = Counter()
     counts: Counter[str] = Counter()
@@ -522,49 +560,46 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: _Batch, co
 
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
-    shuffler = random.Random(f"{config.train.seed}:minibatches:{batch.extra.get('step', 0)}")
+    shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
     for _epoch in range(g.epochs):
         order = list(rows)
         shuffler.shuffle(order)
         size = math.ceil(len(order) / g.mini_batches)
         for start in range(0, len(order), size):
             mini = order[start:start + size]
-            num_tokens = float(batch.loss_mask[mini].sum())
+            num_tokens = float(batch["loss_mask"][mini].sum())
             if num_tokens == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
-            for micro in _micro_batches(mini, batch.lengths, g.micro_batch_tokens):
-                width = int(batch.lengths[micro].max())
-                mask = batch.loss_mask[micro, :width]
-                logprobs, entropies = _token_logprobs(
-                    model, batch.input_ids[micro, :width], batch.attention_mask[micro, :width], mask,
-                    bf16=config.train.bf16, entropy=True, entropy_grad=g.entropy_coef > 0)
-                mask_d = mask.to(device)
-                old = logprobs.detach() if on_policy else batch.old_logprobs[micro, :width].to(device)
-                sampler = batch.sampler_logprobs[micro, :width].to(device)
-                advantages = batch.advantages[micro, :width].to(device)
+            for micro_rows in _micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed):
+                micro = _rows_of(batch, micro_rows).to(device)
+                mask = micro["loss_mask"]
+                logprobs, entropies = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,
+                                                      entropy_grad=g.entropy_coef > 0, packed=packed)
+                old = logprobs.detach() if on_policy else micro["old_logprobs"]
+                sampler = micro["sampler_logprobs"]
                 weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
-                per_token, stats = policy_loss(logprobs, old, advantages, mask_d, clip_low=g.clip_low,
+                per_token, stats = policy_loss(logprobs, old, micro["advantages"], mask, clip_low=g.clip_low,
                                                clip_high=g.clip_high, weights=weights)
                 if g.kl_coef > 0:
-                    kl = kl_penalty(logprobs, batch.ref_logprobs[micro, :width].to(device), g.kl_estimator)
+                    kl = kl_penalty(logprobs, micro["ref_logprobs"], g.kl_estimator)
                     per_token = per_token + g.kl_coef * kl
-                    record("train/kl", masked_mean(kl.detach(), mask_d), float(mask.sum()))
+                    record("train/kl", masked_mean(kl.detach(), mask), float(mask.sum()))
                 if g.entropy_coef > 0:
                     per_token = per_token - g.entropy_coef * entropies
-                loss = aggregate(per_token, mask_d, g.loss_agg, num_tokens=num_tokens, num_sequences=len(mini))
+                loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=len(mini))
                 loss.backward()
                 tokens = float(mask.sum())
                 sums["train/loss"] += float(loss.detach())
-                record("train/entropy", masked_mean(entropies.detach(), mask_d), tokens)
+                record("train/entropy", masked_mean(entropies.detach(), mask), tokens)
                 record("train/clip_fraction", stats["clip_fraction"], tokens)
                 record("train/ratio_mean", stats["ratio_mean"], tokens)
                 sums["train/ratio_max"] = max(sums["train/ratio_max"], float(stats["ratio_max"]))
                 diff = (old - sampler).abs()
-                record("train/sampler_logprob_diff", masked_mean(diff, mask_d), tokens)
-                record("train/sampler_kl", masked_mean(torch.exp(sampler - old) - (sampler - old) - 1, mask_d), tokens)
+                record("train/sampler_logprob_diff", masked_mean(diff, mask), tokens)
+                record("train/sampler_kl", masked_mean(torch.exp(sampler - old) - (sampler - old) - 1, mask), tokens)
                 if weights is not None:
-                    record("train/tis_weight_mean", masked_mean(weights, mask_d), tokens)
+                    record("train/tis_weight_mean", masked_mean(weights, mask), tokens)
                 sums["train/trained_tokens"] += tokens
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm or float("inf"))
             record("train/grad_norm", grad_norm)
@@ -706,7 +741,9 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         from .models import load_model
 
         reference = load_model(base_path, dtype=config.model.dtype, device=device).eval()
+        reference.config._attn_implementation = _attn_implementation(config, device)  # noqa: SLF001
         reference.requires_grad_(False)
+    packed = _use_packing(config, _attn_implementation(config, device))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.train.lr,
                                   betas=tuple(config.train.betas), weight_decay=config.train.weight_decay)
     scheduler = _scheduler(optimizer, config)
@@ -779,8 +816,8 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 view.phase("train")
                 t = time.perf_counter()
                 batch = _build_batch(trajectories, totals, config, pad_id)
-                batch.extra["step"] = step
-                train_stats = await asyncio.to_thread(_update_policy, policy, reference, optimizer, batch, config)
+                train_stats = await asyncio.to_thread(_update_policy, policy, reference, optimizer, batch, config,
+                                                      step=step, packed=packed)
                 scheduler.step()
                 state["position"] += len(indices)
                 times["time/train"] = time.perf_counter() - t
@@ -796,7 +833,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics["reward/errors"] = float(reward_errors)
                 groups = [totals[i:i + G] for i in range(0, len(totals), G)]
                 metrics["reward/constant_groups"] = sum(1 for grp in groups if max(grp) == min(grp)) / len(groups)
-                adv = batch.extra["sequence_advantages"]
+                adv = batch["sequence_advantages"]
                 metrics.update({"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std()),
                                 "advantage/max": float(adv.max()), "advantage/min": float(adv.min())})
                 metrics.update(train_stats)
@@ -811,7 +848,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics["throughput/rollout_tokens_per_s"] = (
                     metrics["rollout/model_tokens_mean"] * n / max(times["time/rollout"], 1e-9))
                 metrics["throughput/train_tokens_per_s"] = (
-                    float(batch.attention_mask.sum()) * config.grpo.epochs / max(times["time/train"], 1e-9))
+                    float(batch["attention_mask"].sum()) * config.grpo.epochs / max(times["time/train"], 1e-9))
                 if task.offers_tools and config.logging.no_tool_call_warning and metrics["rollout/tool_calls"] == 0:
                     view.message(f"warning: step {step}: the model made no tool call in "
                                  f"{n} trajectories although the env offers tools; check the parser "

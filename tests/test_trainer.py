@@ -57,6 +57,8 @@ def test_micro_batches_respect_the_token_budget():
     for b in batches:
         assert len(b) == 1 or max(int(lengths[r]) for r in b) * len(b) <= 80
     assert T._micro_batches([1], lengths, token_budget=10) == [[1]]  # a long row still gets a batch
+    packed = T._micro_batches(range(5), lengths, token_budget=80, packed=True)  # padding is not counted
+    assert packed == [[0, 2, 4], [3], [1]]  # 10 + 20 + 30 = 60; 40 + 50 > 80
 
 
 def test_turn_rewards_sit_on_each_turns_last_model_token():
@@ -65,18 +67,36 @@ def test_turn_rewards_sit_on_each_turns_last_model_token():
     assert out.tolist() == [[0, 0, 0, 0.5, 0, -1.0, 0]]  # positions 3 and 5; 6 is padding
 
 
-def test_token_logprobs_match_a_plain_forward_pass():
+def _micro(ids, attention, mask):
+    from tensordict import TensorDict
+
+    return TensorDict({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(attention),
+                       "loss_mask": torch.tensor(mask)}, batch_size=[len(ids)])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_token_logprobs_match_a_plain_forward_pass(packed):
     model = tiny_model()
-    ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
-    attention = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
-    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 0, 0]])
+    micro = _micro([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0], [9, 8, 7, 6, 0]],
+                   [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]],
+                   [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0]])
     with torch.no_grad():
-        logprobs, entropy = T._token_logprobs(model, ids, attention, mask, bf16=False, entropy=True)
-        full = torch.log_softmax(model(input_ids=ids[:1]).logits.float(), -1)[0]
-    for t in (2, 3, 4):
-        assert abs(float(logprobs[0, t]) - float(full[t - 1, ids[0, t]])) < 1e-5
+        logprobs, entropy = T._token_logprobs(model, micro, bf16=False, entropy=True, packed=packed)
+        for row, length in enumerate([5, 3, 4]):  # each trajectory alone, no padding
+            ids = micro["input_ids"][row, :length]
+            full = torch.log_softmax(model(input_ids=ids[None]).logits.float(), -1)[0]
+            for t in range(1, length):
+                if micro["loss_mask"][row, t]:
+                    assert abs(float(logprobs[row, t]) - float(full[t - 1, ids[t]])) < 1e-5
     assert float(logprobs[0, 0]) == 0 and float(logprobs[1, 3]) == 0  # unmasked positions stay 0
-    assert bool((entropy[mask.bool()] > 0).all())
+    assert bool((entropy[micro["loss_mask"].bool()] > 0).all())
+    assert bool((entropy[~micro["loss_mask"].bool()] == 0).all())
+
+
+def test_packing_is_auto_on_only_with_flash_attention():
+    auto, on, off = (load_config([], [f"grpo.packing={v}"]) for v in ("auto", "on", "off"))
+    assert T._use_packing(auto, "flash_attention_2") and not T._use_packing(auto, "sdpa")
+    assert T._use_packing(on, "sdpa") and not T._use_packing(off, "flash_attention_2")
 
 
 def _batch_for(model, config):
@@ -85,34 +105,37 @@ def _batch_for(model, config):
     return T._build_batch(trajectories, [1.0, 0.0, 0.0, 1.0], config, pad_id=0)
 
 
-def _gradients(micro_batch_tokens, loss_agg):
+def _gradients(micro_batch_tokens, loss_agg, packed=False):
     config = load_config([], [f"grpo.micro_batch_tokens={micro_batch_tokens}", f"grpo.loss_agg={loss_agg}",
                               "grpo.group_size=2", "train.bf16=false"])
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: keep the weights, read the gradients
-    stats = T._update_policy(model, None, optimizer, _batch_for(model, config), config)
+    stats = T._update_policy(model, None, optimizer, _batch_for(model, config), config, packed=packed)
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), stats
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
-def test_gradient_accumulation_does_not_change_the_gradient(loss_agg):
+def test_gradient_accumulation_and_packing_do_not_change_the_gradient(loss_agg):
     whole, stats = _gradients(4096, loss_agg)
     split, _ = _gradients(64, loss_agg)  # one trajectory per micro-batch
+    packed, packed_stats = _gradients(4096, loss_agg, packed=True)  # all four in one row, no padding
     assert torch.allclose(whole, split, atol=1e-6)
+    assert torch.allclose(whole, packed, atol=1e-6)
     assert whole.abs().sum() > 0
     assert stats["train/clip_fraction"] == 0.0 and abs(stats["train/ratio_mean"] - 1.0) < 1e-6
+    assert packed_stats["train/trained_tokens"] == stats["train/trained_tokens"]
 
 
 def test_an_update_moves_the_policy_toward_rewarded_tokens():
     config = load_config([], ["grpo.group_size=2", "train.bf16=false", "train.lr=0.05"])
     model = tiny_model()
     batch = _batch_for(model, config)
-    before = T._forward_no_grad(model, batch, [0, 1], config)
+    before = T._forward_no_grad(model, batch, [0, 1], config, packed=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     for _ in range(3):
         T._update_policy(model, None, optimizer, batch, config)
-    after = T._forward_no_grad(model, batch, [0, 1], config)
-    mask = batch.loss_mask[:2].bool()
+    after = T._forward_no_grad(model, batch, [0, 1], config, packed=True)
+    mask = batch["loss_mask"][:2].bool()
     # trajectory 0 was rewarded (advantage > 0), trajectory 1 was not
     assert (after[0][mask[0]] - before[0][mask[0]]).sum() > 0
     assert (after[1][mask[1]] - before[1][mask[1]]).sum() < 0
