@@ -78,6 +78,11 @@ class RewardSpec(_Section):
     name: str = _field(..., "registered reward")
     weight: float = _field(1.0, "weight in the total reward")
     options: dict[str, Any] = _field(dict, "its constructor options")
+    timeout_s: float | None = _field(60.0, "seconds one score may take; longer is a reward error (null = no limit)",
+                                     gt=0)
+    fallback: float = _field(0.0, "the value a trajectory gets from this reward when scoring it fails")
+    max_concurrency: int = _field(64, "trajectories this reward scores at once (a judge endpoint's capacity)",
+                                  ge=1)
 
 
 class GRPOSection(_Section):

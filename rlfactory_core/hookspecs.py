@@ -106,10 +106,15 @@ def rlfactory_register_rewards(register: Callable[..., None]) -> None:
     """Register reward functions: rules, model judges, tool-verified checks.
 
     :param register: call ``register(cls)`` with a class whose ``name`` and
-        ``description`` are strings and which has
-        ``async score(trajectory, sample) -> RewardOutput``
-        (``rlfactory_core.interfaces.Reward``). It is instantiated with the reward's
-        options from the config. Raises ``RegistrationError`` or
+        ``description`` are strings and which has a method
+        ``score(trajectory, sample) -> RewardOutput | float | None``
+        (``rlfactory_core.interfaces.Reward``): ``async def`` or a plain function (run in
+        a thread); with a third parameter named ``context`` it gets a
+        ``rlfactory_core.rewards.RewardContext`` (the env's per-trajectory state and
+        ``await context.call_tool(name, arguments)`` through the run's tool manager).
+        ``None`` means the reward does not apply to the sample. The class is instantiated
+        once per run with the reward's ``options`` from the config; an optional
+        ``close()`` is called at the end. Raises ``RegistrationError`` or
         ``DuplicateComponentError`` as for tools.
     :return: nothing; the return value is ignored.
 

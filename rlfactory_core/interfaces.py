@@ -101,12 +101,18 @@ class ToolManager(Protocol):
 
 
 class Reward(Protocol):
-    """Scores a finished trajectory."""
+    """Scores a finished trajectory (``rlfactory_core.rewards`` runs it).
+
+    ``score`` may be ``async def`` or a plain function (run in a thread), and may take a
+    third parameter named ``context`` (a ``rlfactory_core.rewards.RewardContext``: the
+    env's state and tools). It returns a number, a ``RewardOutput``, or ``None`` when the
+    reward does not apply to the sample. An optional ``close()`` (sync or async) is called
+    at the end of the run."""
 
     name: ClassVar[str]
     description: ClassVar[str]
 
-    async def score(self, trajectory: Trajectory, sample: Sample) -> RewardOutput:
+    async def score(self, trajectory: Trajectory, sample: Sample) -> RewardOutput | float | None:
         """The reward for ``trajectory`` of ``sample``, with named components for logging."""
 
 
@@ -116,7 +122,7 @@ _REQUIREMENTS: dict[str, tuple[bool, tuple[str, ...], dict[str, bool]]] = {
     "parser": (False, ("name",), {"render_system_prompt": False, "parse": False, "render_tool_results": False}),
     "env": (True, ("name", "description"), {"reset": True, "step": True, "close": True}),
     "tool_manager": (True, ("name", "description"), {"call": True, "close": True}),
-    "reward": (True, ("name", "description"), {"score": True}),
+    "reward": (True, ("name", "description"), {"score": False}),  # sync rules run in a thread
 }
 
 COMPONENT_KINDS: tuple[str, ...] = tuple(_REQUIREMENTS)

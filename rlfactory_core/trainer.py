@@ -10,8 +10,9 @@ One training step:
    Sampling seeds are derived from ``train.seed`` and the step (reproducible, different
    every step).
 3. **Rewards**: every configured reward scores every trajectory concurrently; the total is
-   their weighted sum. A reward that fails on a trajectory gives it 0 for that component
-   and is counted (``reward/errors``): one bad trajectory never ends the run.
+   the weighted sum of those that apply (``rlfactory_core.rewards``). A reward that fails
+   or times out on a trajectory gives it the reward's fallback value and is counted
+   (``reward/errors``): one bad trajectory never ends the run.
 4. **Advantages**: reward minus the group mean, scaled by ``grpo.advantage_norm``; per-turn
    rewards from the env are added on the tokens of their turn and the turns before it
    (``rlfactory_core.algorithms.grpo`` has the formulas and the reasons).
@@ -61,7 +62,6 @@ import math
 import os
 import random
 import signal
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -107,12 +107,13 @@ class _Task:
     env: Any
     parser: Any
     tool_manager: Any
-    rewards: list[tuple[str, float, Any]]
+    rewards: Any  # rlfactory_core.rewards.RewardLayer
     offers_tools: bool
 
 
 def _build_task(config: RunConfig) -> _Task:
     from .plugins import get_component
+    from .rewards import build_reward_layer
 
     env_cls = get_component("env", config.env)
     try:
@@ -126,15 +127,7 @@ def _build_task(config: RunConfig) -> _Task:
         tool_manager = manager_cls(tools, **config.tool_manager.options)
     except TypeError as exc:
         raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
-    rewards = []
-    problems = []
-    for i, spec in enumerate(config.rewards):
-        try:
-            rewards.append((spec.name, spec.weight, get_component("reward", spec.name)(**spec.options)))
-        except TypeError as exc:
-            problems.append(f"rewards[{i}].options: {one_line(exc)}")
-    if problems:
-        raise ConfigError(problems)
+    rewards = build_reward_layer(config.rewards, tool_manager)
     return _Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, offers_tools=bool(tools))
 
 
@@ -299,49 +292,7 @@ def _batch_indices(num_samples: int, count: int, seed: int, position: int, shuff
     return out
 
 
-# --------------------------------------------------------------------------- rewards
-
-
-async def _score(trajectories: Sequence[Any], samples: Sequence[Any], rewards: Sequence[tuple[str, float, Any]]
-                 ) -> tuple[list[float], list[dict[str, float]], int]:
-    """Total reward and components of each trajectory; failures count and score 0."""
-    errors = 0
-
-    async def one(trajectory: Any, sample: Any) -> tuple[float, dict[str, float]]:
-        nonlocal errors
-        total, components = 0.0, {}
-        for name, weight, reward in rewards:
-            try:
-                output = await reward.score(trajectory, sample)
-                value = float(output.value)
-                if not math.isfinite(value):
-                    raise ValueError(f"non-finite reward {value}")
-                for key, component in (output.components or {}).items():
-                    if key != name:
-                        components[f"{name}/{key}"] = float(component)
-            except Exception as exc:  # noqa: BLE001 - one bad trajectory must not end the run
-                errors += 1
-                trajectory.metadata.setdefault("reward_errors", []).append(f"{name}: {one_line(exc)}")
-                value = 0.0
-            components[name] = value
-            total += weight * value
-        return total, components
-
-    scored = await asyncio.gather(*(one(t, s) for t, s in zip(trajectories, samples)))
-    return [s[0] for s in scored], [s[1] for s in scored], errors
-
-
-def _reward_metrics(prefix: str, totals: Sequence[float], components: Sequence[dict[str, float]]) -> dict[str, float]:
-    n = len(totals)
-    metrics = {
-        f"{prefix}/mean": sum(totals) / n,
-        f"{prefix}/std": statistics.pstdev(totals) if n > 1 else 0.0,
-        f"{prefix}/accuracy": sum(1 for t in totals if t > 0) / n,
-    }
-    keys = sorted({k for c in components for k in c})
-    for key in keys:
-        metrics[f"{prefix}/{key}"] = sum(c.get(key, 0.0) for c in components) / n
-    return metrics
+# --------------------------------------------------------------------------- metrics
 
 
 def _tool_metrics(prefix: str, rollout: dict[str, float], trajectories: Sequence[Any]) -> dict[str, float]:
@@ -635,29 +586,31 @@ async def _run_eval(step: int, samples: Sequence[Any], task: _Task, backend: Any
     trajectories = await rollout(samples, env=task.env, parser=task.parser, tool_manager=task.tool_manager,
                                  backend=backend, chat=chat,
                                  config=_rollout_config(config, -1, temperature=config.eval.temperature))
-    totals, components, errors = await _score(trajectories, samples, task.rewards)
-    metrics = _reward_metrics("eval/reward", totals, components)
+    scored = await task.rewards.score(trajectories, samples)
+    metrics = scored.metrics("eval/reward")
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(_tool_metrics("eval/tools", rollout_stats, trajectories))
     metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_stats.items()})
-    metrics["eval/reward/errors"] = float(errors)
     if out_dir is not None and config.eval.save_samples:
         _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],
-                      samples, totals, tokenizer)
+                      samples, scored, tokenizer)
     return metrics
 
 
-def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any], totals: Sequence[float],
+def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any], scored: Any,
                   tokenizer: Any) -> None:
-    """Trajectories as readable text: the whole conversation as the model saw it."""
+    """Trajectories as readable text: the whole conversation as the model saw it, with
+    each reward's score and any reward errors."""
     import json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for trajectory, sample, total in zip(trajectories, samples, totals):
+        for row, (trajectory, sample) in enumerate(zip(trajectories, samples)):
             ids = list(trajectory.prompt_ids) + [i for s in trajectory.segments for i in s.token_ids]
             f.write(json.dumps({
-                "sample_id": trajectory.sample_id, "reward": total, "final_answer": trajectory.final_answer,
+                "sample_id": trajectory.sample_id, "reward": scored.totals[row], "rewards": scored.components[row],
+                "reward_errors": trajectory.metadata.get("reward_errors", []),
+                "final_answer": trajectory.final_answer,
                 "expected": sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None,
                 "stop_reason": trajectory.stop_reason, "turns": trajectory.num_turns,
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in trajectory.tool_calls],
@@ -809,7 +762,8 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 view.phase("reward")
                 t = time.perf_counter()
                 expanded = [s for s in samples for _ in range(G)]
-                totals, components, reward_errors = await _score(trajectories, expanded, task.rewards)
+                scored = await task.rewards.score(trajectories, expanded)
+                totals = scored.totals
                 times["time/reward"] = time.perf_counter() - t
 
                 # 4-6. advantages and the update (not interruptible: a half-applied step is lost)
@@ -829,8 +783,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 times["time/weight_sync"] = time.perf_counter() - t
 
                 # 8. metrics and warnings
-                metrics = _reward_metrics("reward", totals, components)
-                metrics["reward/errors"] = float(reward_errors)
+                metrics = scored.metrics("reward")
                 groups = [totals[i:i + G] for i in range(0, len(totals), G)]
                 metrics["reward/constant_groups"] = sum(1 for grp in groups if max(grp) == min(grp)) / len(groups)
                 adv = batch["sequence_advantages"]
@@ -893,6 +846,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
         logger.close()
         await backend.close()
+        await task.rewards.close()
         with contextlib.suppress(Exception):
             await task.tool_manager.close()
     return run_dir
@@ -928,6 +882,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
                                   report_dir / "samples" if report_dir else None, tokenizer)
     finally:
         await backend.close()
+        await task.rewards.close()
         with contextlib.suppress(Exception):
             await task.tool_manager.close()
     report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),

@@ -151,6 +151,9 @@ class Trajectory:
     final_answer: str | None = None
     stop_reason: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    # The env's per-trajectory state (from ``env.reset``) after the episode, for rewards;
+    # not saved with the trajectory.
+    env_state: Any = field(default=None, repr=False, compare=False)
 
     @property
     def num_turns(self) -> int:
@@ -160,10 +163,16 @@ class Trajectory:
 @dataclass
 class RewardOutput:
     """A reward's score for one trajectory: the ``value`` used for training, and named
-    ``components`` logged as metrics (e.g. ``{"format": 0.1, "exact_match": 1.0}``)."""
+    ``components`` logged as metrics (e.g. ``{"format": 0.1, "exact_match": 1.0}``).
+
+    ``correct``: whether the answer is right, for the ``reward/accuracy`` metric (None: this
+    reward does not judge correctness). ``turn_rewards``: per-turn (process) rewards, one
+    per model turn in order, added to the env's per-turn rewards."""
 
     value: float
     components: dict[str, float] = field(default_factory=dict)
+    correct: bool | None = None
+    turn_rewards: list[float] | None = None
 
 
 @dataclass

@@ -236,8 +236,8 @@ def test_duplicate_names_are_rejected_naming_both_plugins(plugin_manager):
 
 
 def test_unknown_component_lists_what_is_available(plugin_manager):
-    with pytest.raises(UnknownComponentError, match=r"no reward named 'judge' \(available: exact_match\)"):
-        plugins.get_component("reward", "judge")
+    with pytest.raises(UnknownComponentError, match=r"no env named 'chess' \(available: .*arithmetic"):
+        plugins.get_component("env", "chess")
 
 
 # -- discovery through entry points --------------------------------------------------------
@@ -454,7 +454,7 @@ def test_plugins_list_shows_installed_plugins_and_all_adds_the_builtins(rlf):
     assert all(rows[name]["builtin"] for name in ("rlfactory.tools", "rlfactory.rewards"))
     # The arithmetic env is not in the core: `make install` installs its contrib plugin by default.
     assert (rows["arithmetic"]["distribution"], rows["arithmetic"]["builtin"]) == ("rlfactory-plugin-arithmetic", False)
-    assert rows["arithmetic"]["components"] == {"env": ["arithmetic"]}
+    assert rows["arithmetic"]["components"] == {"env": ["arithmetic"], "reward": ["arithmetic_verified"]}
 
 
 def test_version_and_errors_are_one_line(rlf):

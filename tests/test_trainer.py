@@ -99,6 +99,36 @@ def test_packing_is_auto_on_only_with_flash_attention():
     assert T._use_packing(on, "sdpa") and not T._use_packing(off, "flash_attention_2")
 
 
+def _has_flash_attention():
+    import importlib.util
+
+    return torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _has_flash_attention(), reason="needs a CUDA GPU with flash-attn (the gpu extra)")
+def test_flash_attention_varlen_packing_matches_padding_on_gpu(default_model_dir):
+    from rlfactory_core.models import load_model
+
+    device = torch.device("cuda")
+    config = load_config([], ["train.device=cuda", "grpo.packing=auto"])
+    assert T._attn_implementation(config, device) == "flash_attention_2"
+    assert T._use_packing(config, "flash_attention_2")
+    model = load_model(default_model_dir, dtype="bfloat16", device=device)
+    model.config._attn_implementation = "flash_attention_2"
+    torch.manual_seed(0)
+    lengths = torch.tensor([300, 120, 257, 64])
+    width = int(lengths.max())
+    attention = (torch.arange(width)[None] < lengths[:, None]).long()
+    micro = _micro((torch.randint(100, 40_000, (4, width)) * attention).tolist(), attention.tolist(),
+                   (attention * (torch.arange(width)[None] >= 32)).tolist())
+    with torch.no_grad():
+        padded, _ = T._token_logprobs(model, micro, bf16=True, entropy=False, packed=False)
+        packed, _ = T._token_logprobs(model, micro, bf16=True, entropy=False, packed=True)
+    scored = micro["loss_mask"].bool().to(device)
+    assert (padded - packed)[scored].abs().mean() < 0.05  # bf16: the layouts round differently
+
+
 def _batch_for(model, config):
     trajectories = [trajectory([1, 2, 3], ("model", [4 + i, 5]), ("observation", [6]), ("model", [7, 8 + i]))
                     for i in range(4)]
@@ -372,6 +402,37 @@ def test_lora_weights_reach_the_backend_merged_under_hf_names(tmp_path, default_
     merged = AutoModelForCausalLM.from_pretrained(path / "model")
     assert torch.allclose(merged.state_dict()["model.layers.0.self_attn.q_proj.weight"],
                           weights["model.layers.0.self_attn.q_proj.weight"], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, monkeypatch, default_model_dir):
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    backends = []
+    make_backend = T._make_backend
+    monkeypatch.setattr(T, "_make_backend", lambda *a, **kw: backends.append(make_backend(*a, **kw)) or backends[-1])
+    run_dir = tmp_path / "run"
+    lora = ["model.lora.enabled=true", "model.lora.r=4", "train.lr=1e-3", "grpo.kl_coef=0.05", "eval.every=0"]
+    T.train(load_config([], [*SMALL_RUN, *lora, "train.steps=2", f"run_dir={run_dir}"]))
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert records[2]["train/kl"] > 0  # the reference is the model with its adapters off
+
+    checkpoint = latest_checkpoint(run_dir)
+    assert (checkpoint / "adapter" / "adapter_config.json").is_file()
+    merged = load_file(checkpoint / "model" / "model.safetensors")
+    base = AutoModelForCausalLM.from_pretrained(default_model_dir).state_dict()
+    assert set(merged) <= set(base)  # plain HF names, loadable by transformers and vLLM
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(merged[name], base[name])  # the adapters were trained and merged in
+    # the generation backend got the same merged weights in place after the last step
+    served = backends[0]._model.state_dict()
+    assert torch.allclose(served[name].float(), merged[name].float(), atol=1e-5)
+
+    T.train(load_config([run_dir / "config.yaml"], ["train.steps=3"]), resume=run_dir)
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
+    assert (latest_checkpoint(run_dir) / "adapter").is_dir()
 
 
 @pytest.mark.slow

@@ -160,7 +160,7 @@ async def run_trajectory(
             reset = await env.reset(sample)
         except Exception as exc:  # noqa: BLE001 - one bad sample must not end the batch
             return _end(trajectory, "env_error", f"env.reset failed: {one_line(exc)}")
-        state = reset.state
+        state = trajectory.env_state = reset.state
         messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
         trajectory.messages = list(messages)
         trajectory.prompt_ids = chat.prompt_ids(messages)

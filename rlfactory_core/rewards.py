@@ -1,0 +1,280 @@
+"""The reward layer: every configured reward scores every trajectory of a step, concurrently.
+
+A reward is a registered component (``rlfactory_register_rewards``): a class built with its
+config ``options``, whose ``score(trajectory, sample)`` returns the trajectory's reward.
+``score`` may be ``async def`` (judges, tool calls: awaited) or a plain function (rules,
+CPU work: run in a thread, so the event loop keeps serving the other trajectories). A
+``score`` that also takes a ``context`` parameter gets a :class:`RewardContext`: the env's
+per-trajectory state and the env's tools, called through the run's tool manager with its
+timeouts and limits (tool-verified rewards: execute the model's SQL, run its code).
+
+What ``score`` may return:
+
+* a number, or a :class:`~rlfactory_core.types.RewardOutput` (``value``, named
+  ``components`` logged as metrics, ``correct`` for the accuracy metric, ``turn_rewards``
+  per model turn);
+* ``None``: the reward does not apply to this sample (multi-task data); it adds nothing to
+  the total and is left out of its metric's mean.
+
+Composition: a trajectory's total is the sum of ``weight x value`` over the rewards that
+apply to it. Each reward's values are logged as ``reward/<name>`` (the mean over the
+trajectories it applied to) and its components as ``reward/<name>/<component>``.
+``reward/accuracy`` is the share of trajectories judged correct by the rewards that say so
+(``RewardOutput.correct``, e.g. ``exact_match``); it is absent when no reward does.
+
+Per-turn (process) rewards: ``RewardOutput.turn_rewards`` (one float per model turn, in
+order) is weighted like the value and added to the trajectory's ``turn_rewards``, next to
+the env's own per-turn rewards; the trainer puts each turn's reward on that turn's last
+token (``rlfactory_core.trainer``), by the turn boundaries the rollout recorded.
+
+Failures: a reward that raises, returns something else, a non-finite number, or takes
+longer than its ``timeout_s`` is a reward error: it scores the reward's ``fallback`` value
+for that trajectory, is counted (``reward/errors``, ``reward/errors/<name>``) and written to
+the trajectory's ``metadata["reward_errors"]``, and the step goes on.
+
+Concurrency: each reward scores at most ``max_concurrency`` trajectories at a time (a judge
+model's endpoint sets how many requests it takes; a rule needs no limit). A synchronous
+reward that times out is abandoned, not stopped: its thread runs to its end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import math
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .errors import ConfigError, RLFactoryError, one_line
+from .types import RewardOutput, Sample, ToolCall, ToolResult, Trajectory
+
+__all__ = ["RewardContext", "RewardLayer", "ScoredBatch", "build_reward_layer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardContext:
+    """What a reward's ``score(trajectory, sample, context)`` may use besides its arguments.
+
+    ``state`` is the env's per-trajectory state (what ``env.reset`` returned, after the
+    episode ended); ``tool_names`` the tools the env registered with the run's tool manager.
+    """
+
+    state: Any
+    tool_names: frozenset[str]
+    _tool_manager: Any = field(repr=False)
+    _sample: Sample = field(repr=False)
+    _trajectory: Trajectory = field(repr=False)
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run the env's tool ``name`` with ``arguments`` through the run's tool manager
+        (argument validation, timeouts, retries, caching as configured). Never raises: a
+        failed call comes back with ``error`` set, as it would to the model."""
+        results = await self._tool_manager.call(
+            [ToolCall(name=name, arguments=arguments, id="reward")],
+            {"sample": self._sample, "state": self.state, "trajectory": self._trajectory, "tool_names": None})
+        return results[0]
+
+
+@dataclass
+class ScoredBatch:
+    """Rewards of a batch of trajectories, in order."""
+
+    totals: list[float]
+    components: list[dict[str, float]]  # per trajectory: "<name>" and "<name>/<component>" values
+    correct: list[bool | None]  # None: no reward said
+    errors: Counter[str]  # reward name -> errors in this batch
+    applied: Counter[str]  # reward name -> trajectories it applied to (did not return None)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        """``<prefix>/mean``, ``/std``, ``/accuracy`` (when known), ``/errors``, each
+        component's mean over the trajectories it applied to, and, for a reward that did not
+        apply to every trajectory, ``<prefix>/<name>/applied`` (the share it applied to)."""
+        n = len(self.totals)
+        if n == 0:
+            return {}
+        mean = sum(self.totals) / n
+        out = {f"{prefix}/mean": mean,
+               f"{prefix}/std": math.sqrt(sum((t - mean) ** 2 for t in self.totals) / n),
+               f"{prefix}/errors": float(sum(self.errors.values()))}
+        judged = [c for c in self.correct if c is not None]
+        if judged:
+            out[f"{prefix}/accuracy"] = sum(judged) / len(judged)
+        for name, count in self.errors.items():
+            out[f"{prefix}/errors/{name}"] = float(count)
+        for name, count in self.applied.items():
+            if count < n:
+                out[f"{prefix}/{name}/applied"] = count / n
+        for key in sorted({k for c in self.components for k in c}):
+            values = [c[key] for c in self.components if key in c]
+            out[f"{prefix}/{key}"] = sum(values) / len(values)
+        return out
+
+
+@dataclass
+class _Scorer:
+    name: str
+    weight: float
+    reward: Any
+    timeout_s: float | None
+    fallback: float
+    max_concurrency: int
+    limit: asyncio.Semaphore
+    wants_context: bool
+    is_async: bool
+    # Sync rewards get threads of their own, as many as they may run at once: the loop's
+    # default pool has min(32, cores + 4) threads (6 here), too few for I/O-bound checks.
+    threads: ThreadPoolExecutor | None = None
+
+
+class RewardLayer:
+    """The configured rewards of a run, scoring batches of trajectories (see the module
+    docstring). Build it with :func:`build_reward_layer`; :meth:`close` it at the end."""
+
+    def __init__(self, scorers: Sequence[_Scorer], tool_manager: Any = None):
+        self._scorers = list(scorers)
+        self._tool_manager = tool_manager
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self._scorers]
+
+    async def score(self, trajectories: Sequence[Trajectory], samples: Sequence[Sample]) -> ScoredBatch:
+        """Score every trajectory (``samples[i]`` is trajectory ``i``'s sample) with every
+        reward, all at once within each reward's concurrency limit. Adds the rewards'
+        per-turn rewards to ``trajectory.turn_rewards``. Never raises for a failing reward."""
+        errors: Counter[str] = Counter()
+        batch = ScoredBatch(totals=[0.0] * len(trajectories), components=[{} for _ in trajectories],
+                            correct=[None] * len(trajectories), errors=errors,
+                            applied=Counter({s.name: 0 for s in self._scorers}))
+
+        async def one(row: int, scorer: _Scorer) -> None:
+            trajectory, sample = trajectories[row], samples[row]
+            try:
+                output = await self._call(scorer, trajectory, sample)
+            except Exception as exc:  # noqa: BLE001 - one bad trajectory must not end the run
+                errors[scorer.name] += 1
+                reason = (f"timed out after {scorer.timeout_s:g} s" if isinstance(exc, TimeoutError)
+                          else one_line(exc))
+                trajectory.metadata.setdefault("reward_errors", []).append(f"{scorer.name}: {reason}")
+                output = RewardOutput(value=scorer.fallback)
+            if output is None:  # does not apply to this sample
+                return
+            batch.applied[scorer.name] += 1
+            components = batch.components[row]
+            components[scorer.name] = output.value
+            for key, value in output.components.items():
+                if key != scorer.name:
+                    components[f"{scorer.name}/{key}"] = float(value)
+            batch.totals[row] += scorer.weight * output.value
+            if output.correct is not None:
+                batch.correct[row] = bool(output.correct) and batch.correct[row] is not False
+            if output.turn_rewards:
+                _add_turn_rewards(trajectory, [scorer.weight * r for r in output.turn_rewards])
+
+        await asyncio.gather(*(one(row, scorer) for scorer in self._scorers for row in range(len(trajectories))))
+        return batch
+
+    async def _call(self, scorer: _Scorer, trajectory: Trajectory, sample: Sample) -> RewardOutput | None:
+        kwargs = {}
+        if scorer.wants_context:
+            kwargs["context"] = RewardContext(
+                state=trajectory.env_state, tool_names=frozenset(getattr(self._tool_manager, "tools", {}) or {}),
+                _tool_manager=self._tool_manager, _sample=sample, _trajectory=trajectory)
+        async with scorer.limit:
+            if scorer.is_async:
+                pending = scorer.reward.score(trajectory, sample, **kwargs)
+            else:
+                if scorer.threads is None:
+                    scorer.threads = ThreadPoolExecutor(scorer.max_concurrency, f"reward-{scorer.name}")
+                pending = asyncio.get_running_loop().run_in_executor(
+                    scorer.threads, functools.partial(scorer.reward.score, trajectory, sample, **kwargs))
+            result = await asyncio.wait_for(pending, scorer.timeout_s)
+        return _as_output(scorer.name, result)
+
+    async def close(self) -> None:
+        """Close the rewards that hold resources (a judge's backend). A reward whose
+        ``close`` fails is logged; the others are still closed."""
+        for scorer in self._scorers:
+            if scorer.threads is not None:
+                scorer.threads.shutdown(wait=False, cancel_futures=True)
+                scorer.threads = None
+            close = getattr(scorer.reward, "close", None)
+            if close is None:
+                continue
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001 - the run's results are already saved
+                log.warning("closing the %r reward failed: %s", scorer.name, one_line(exc))
+
+
+def _as_output(name: str, result: Any) -> RewardOutput | None:
+    if result is None:
+        return None
+    if isinstance(result, RewardOutput):
+        output = result
+    elif isinstance(result, (int, float)) and not isinstance(result, bool):
+        output = RewardOutput(value=float(result))
+    else:
+        raise TypeError(f"the {name!r} reward returned {type(result).__name__}; "
+                        "return a number, a RewardOutput or None")
+    try:
+        output.value = float(output.value)
+    except (TypeError, ValueError):
+        raise TypeError(f"the {name!r} reward's value is {type(output.value).__name__}, not a number") from None
+    if not math.isfinite(output.value):
+        raise ValueError(f"the {name!r} reward returned a non-finite value ({output.value})")
+    if output.turn_rewards and not all(math.isfinite(float(r)) for r in output.turn_rewards):
+        raise ValueError(f"the {name!r} reward returned a non-finite turn reward")
+    return output
+
+
+def _add_turn_rewards(trajectory: Trajectory, rewards: Sequence[float]) -> None:
+    """Add per-model-turn ``rewards`` to the trajectory's (which has one per finished
+    turn, from the env); rewards past its last model turn are dropped."""
+    turns = trajectory.num_turns
+    while len(trajectory.turn_rewards) < turns:
+        trajectory.turn_rewards.append(0.0)
+    for i, reward in enumerate(rewards[:turns]):
+        trajectory.turn_rewards[i] += float(reward)
+
+
+def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None) -> RewardLayer:
+    """The reward layer of ``specs`` (the config's ``rewards`` list: name, weight,
+    options, timeout_s, fallback, max_concurrency). Every problem (an unknown reward,
+    options a reward does not take, a reward that fails to start) is reported at once."""
+    from .plugins import get_component
+
+    scorers, problems = [], []
+    for i, spec in enumerate(specs):
+        try:
+            cls = get_component("reward", spec.name)
+            reward = cls(**spec.options)
+        except ConfigError as exc:
+            problems.extend(f"rewards[{i}] ({spec.name}): {p}" for p in exc.errors)
+            continue
+        except RLFactoryError as exc:  # an unknown reward: its message lists the registered ones
+            problems.append(f"rewards[{i}]: {exc}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - any constructor failure is a config problem here
+            problems.append(f"rewards[{i}] ({spec.name}): its options were refused: {one_line(exc)}")
+            continue
+        try:
+            wants_context = "context" in inspect.signature(reward.score).parameters
+        except (TypeError, ValueError):
+            wants_context = False
+        scorers.append(_Scorer(name=spec.name, weight=spec.weight, reward=reward, timeout_s=spec.timeout_s,
+                               fallback=spec.fallback, max_concurrency=spec.max_concurrency,
+                               limit=asyncio.Semaphore(spec.max_concurrency),
+                               wants_context=wants_context,
+                               is_async=inspect.iscoroutinefunction(reward.score)))
+    if problems:
+        raise ConfigError(problems)
+    return RewardLayer(scorers, tool_manager)
