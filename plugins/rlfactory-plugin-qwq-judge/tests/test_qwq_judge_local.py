@@ -1,0 +1,89 @@
+"""The judge in this process: the embedded SmolLM2-135M-Instruct on the core's hf backend.
+
+A 135M model is no judge: asked for a <score> it mostly paraphrases the question, and
+asked yes/no it says "No" to nearly everything (see the README). These tests check the
+pipeline with what it really does: the prompt reaches the model through the judge's own
+chat template, its reply comes back as text, and it is read as a score or refused with
+JudgeOutputError; the cache saves the second generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rlfactory_qwq_judge import JudgeBackendError, JudgeOutputError, QwQJudgeReward
+
+# Few-shot, ending where the verdict goes: the form that SmolLM2-135M completes with a
+# verdict word most often.
+FEW_SHOT_TEMPLATE = ("Decide if the student answer matches the correct answer. Reply yes or no.\n\n"
+                     "Correct answer: Rome\nStudent answer: Rome\nMatch: yes\n\n"
+                     "Correct answer: Rome\nStudent answer: Berlin\nMatch: no\n\n"
+                     "Correct answer: {reference}\nStudent answer: {answer}\nMatch:")
+
+CASES = [
+    ({"question": "What is the capital of France?", "answer": "Paris"}, "Paris"),
+    ({"question": "What is the capital of France?", "answer": "Paris"}, "London"),
+    ({"question": "What is 2+3?", "answer": "5"}, "5"),
+    ({"question": "Who wrote Hamlet?", "golden_answers": ["William Shakespeare", "Shakespeare"]}, "Dickens"),
+]
+
+
+@pytest.mark.slow
+async def test_local_judge_scores_with_the_embedded_model(judge_model_dir, make_trajectory):
+    reward = QwQJudgeReward(backend="hf", model="smollm2-135m-instruct", prompt_template=FEW_SHOT_TEMPLATE,
+                            max_tokens=8, backend_options={"max_batch_size": 8})
+    try:
+        trajectories = [make_trajectory(answer, question=sample["question"]) for sample, answer in CASES]
+        outcomes = await asyncio.gather(*(reward.score(t, s) for t, (s, _) in zip(trajectories, CASES)),
+                                        return_exceptions=True)
+
+        # Every prompt reached the model, batched by the backend.
+        assert reward.client.started
+        backend_stats = reward.client.backend.stats()
+        assert reward.stats()["requests"] == len(CASES)
+        assert backend_stats["max_rows"] > 1
+        parsed = 0
+        for outcome in outcomes:
+            if isinstance(outcome, JudgeOutputError):
+                assert outcome.reply.strip(), "the model replied with nothing"
+            else:
+                assert not isinstance(outcome, BaseException), outcome
+                assert 0.0 <= outcome.value <= 1.0
+                assert outcome.components == {"no_answer": 0.0, "cache_hit": 0.0}
+                parsed += 1
+        assert parsed >= len(CASES) // 2, outcomes  # it answers with a verdict word most of the time
+
+        # The judge reads text it rendered with its own template: the reply is the model's words.
+        judgement = await reward.judge("What is 2+3?", "5", "5")
+        assert judgement.cached  # the same prompt as the third case: no new generation
+        assert judgement.reply.strip()
+        assert reward.client.backend.stats()["prefills"] == backend_stats["prefills"]
+
+        # Scoring the same trajectories again generates nothing; results are the same.
+        again = await asyncio.gather(*(reward.score(t, s) for t, (s, _) in zip(trajectories, CASES)),
+                                     return_exceptions=True)
+        after = reward.client.backend.stats()
+        assert (after["prefills"], after["decode_steps"]) == (backend_stats["prefills"], backend_stats["decode_steps"])
+        assert reward.stats()["requests"] == len(CASES)
+        for first, second in zip(outcomes, again):
+            if isinstance(first, JudgeOutputError):
+                assert isinstance(second, JudgeOutputError) and second.reply == first.reply
+            else:
+                assert (second.value, second.components["cache_hit"]) == (first.value, 1.0)
+    finally:
+        await reward.close()
+    assert reward.client.backend is None
+
+
+@pytest.mark.slow
+async def test_local_judge_prompt_longer_than_the_context_is_refused(judge_model_dir, make_trajectory):
+    reward = QwQJudgeReward(backend="hf", model=str(judge_model_dir), max_tokens=4,
+                            backend_options={"max_model_len": 64})
+    try:
+        with pytest.raises(JudgeBackendError, match="judge prompt has .* tokens, more than the judge model's context of 64"):
+            await reward.score(make_trajectory("Paris"), {"answer": "Paris"})
+        assert reward.stats()["requests"] == 1
+    finally:
+        await reward.close()
