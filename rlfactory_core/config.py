@@ -140,6 +140,9 @@ class EvalSection(_Section):
     every: int = _field(10, "evaluate every N steps (0 = only before and after training)", ge=0)
     temperature: float = _field(0.0, "sampling temperature for evaluation (0 = greedy)", ge=0)
     save_samples: int = _field(8, "trajectories written as text at each evaluation", ge=0)
+    rewards: list[RewardSpec] | None = _field(
+        None, "the rewards of evaluation (e.g. plain exact match where training adds format terms); "
+              "null = the training rewards")
 
 
 class CheckpointSection(_Section):
@@ -181,11 +184,14 @@ class RunConfig(_Section):
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
-        if not self.rewards:
-            raise ValueError("rewards: at least one reward is needed")
-        names = [r.name for r in self.rewards]
-        if len(set(names)) != len(names):
-            raise ValueError(f"rewards: each reward may appear once, got {names}")
+        for key, rewards in (("rewards", self.rewards), ("eval.rewards", self.eval.rewards)):
+            if rewards is None and key == "eval.rewards":
+                continue
+            if not rewards:
+                raise ValueError(f"{key}: at least one reward is needed")
+            names = [r.name for r in rewards]
+            if len(set(names)) != len(names):
+                raise ValueError(f"{key}: each reward may appear once, got {names}")
         batch = self.grpo.prompts_per_step * self.grpo.group_size
         if self.grpo.mini_batches > batch:
             raise ValueError(f"grpo.mini_batches ({self.grpo.mini_batches}) is more than the trajectories per "
@@ -319,9 +325,13 @@ def load_config(
     base: Mapping[str, Any] | None = None,
     flags: Mapping[str, Any] | None = None,
 ) -> RunConfig:
-    """The validated config from a preset, ``base``, files, ``flags`` (command-line options
-    such as ``--env``) and overrides, in that order; raises :class:`ConfigError` listing
-    every problem at once."""
+    """The validated config from the env's defaults, a preset, ``base``, files, ``flags``
+    (command-line options such as ``--env``) and overrides, in that order; raises
+    :class:`ConfigError` listing every problem at once.
+
+    The env's defaults are its class attribute ``config_defaults`` (a partial config, e.g.
+    the deepsearch env's rewards and turn lengths), so ``rlf train --env NAME`` runs the task
+    as its author tuned it and every later layer can change any of it."""
     problems: list[str] = []
     data: dict[str, Any] = {}
     layers: list[Mapping[str, Any]] = [dict(base or {})]
@@ -337,6 +347,11 @@ def load_config(
     for layer in layers:
         if isinstance(layer, Mapping) and layer.get("preset") is not None:
             preset = layer["preset"]
+    env_name = RunConfig.model_fields["env"].default
+    for layer in layers:
+        if isinstance(layer, Mapping) and isinstance(layer.get("env"), str):
+            env_name = layer["env"]
+    data = _merge(data, _env_defaults(env_name))
     if preset is not None:
         if preset not in PRESETS:
             problems.append(f"preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -353,6 +368,19 @@ def load_config(
         raise ConfigError(problems, hint="`rlf train --help-config` lists every key with its default")
     assert config is not None
     return config
+
+
+def _env_defaults(env_name: str) -> dict[str, Any]:
+    """The registered env's ``config_defaults``; nothing for an env that is not installed
+    (the run reports that itself, with the list of installed envs)."""
+    from .errors import RLFactoryError
+    from .plugins import get_component
+
+    try:
+        defaults = getattr(get_component("env", env_name), "config_defaults", None) or {}
+    except RLFactoryError:
+        return {}
+    return copy.deepcopy(dict(defaults))
 
 
 def describe(model: type[pydantic.BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -108,7 +108,13 @@ class _Task:
     parser: Any
     tool_manager: Any
     rewards: Any  # rlfactory_core.rewards.RewardLayer
+    eval_rewards: Any  # config.eval.rewards, or the training layer when those are not set
     offers_tools: bool
+
+    async def close_rewards(self) -> None:
+        await self.rewards.close()
+        if self.eval_rewards is not self.rewards:
+            await self.eval_rewards.close()
 
 
 def _build_task(config: RunConfig) -> _Task:
@@ -128,7 +134,9 @@ def _build_task(config: RunConfig) -> _Task:
     except TypeError as exc:
         raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
     rewards = build_reward_layer(config.rewards, tool_manager)
-    return _Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, offers_tools=bool(tools))
+    eval_rewards = rewards if config.eval.rewards is None else build_reward_layer(config.eval.rewards, tool_manager)
+    return _Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, eval_rewards=eval_rewards,
+                 offers_tools=bool(tools))
 
 
 def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> list[dict[str, Any]]:
@@ -586,7 +594,7 @@ async def _run_eval(step: int, samples: Sequence[Any], task: _Task, backend: Any
     trajectories = await rollout(samples, env=task.env, parser=task.parser, tool_manager=task.tool_manager,
                                  backend=backend, chat=chat,
                                  config=_rollout_config(config, -1, temperature=config.eval.temperature))
-    scored = await task.rewards.score(trajectories, samples)
+    scored = await task.eval_rewards.score(trajectories, samples)
     metrics = scored.metrics("eval/reward")
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(_tool_metrics("eval/tools", rollout_stats, trajectories))
@@ -846,7 +854,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
         logger.close()
         await backend.close()
-        await task.rewards.close()
+        await task.close_rewards()
         with contextlib.suppress(Exception):
             await task.tool_manager.close()
     return run_dir
@@ -882,7 +890,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
                                   report_dir / "samples" if report_dir else None, tokenizer)
     finally:
         await backend.close()
-        await task.rewards.close()
+        await task.close_rewards()
         with contextlib.suppress(Exception):
             await task.tool_manager.close()
     report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),

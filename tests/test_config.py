@@ -79,6 +79,10 @@ def test_cross_field_rules():
         load_config([], ["grpo.prompts_per_step=1", "grpo.group_size=2", "grpo.mini_batches=3"])
     with pytest.raises(ConfigError, match="at least one reward"):
         load_config([], ["rewards=[]"])
+    with pytest.raises(ConfigError, match="eval.rewards: each reward may appear once"):
+        load_config([], ["eval.rewards=[{name: f1}, {name: f1}]"])
+    assert load_config([]).eval.rewards is None  # evaluation uses the training rewards
+    assert [r.name for r in load_config([], ["eval.rewards=[{name: f1}]"]).eval.rewards] == ["f1"]
 
 
 def test_presets_are_valid():

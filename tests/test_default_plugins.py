@@ -119,6 +119,34 @@ async def test_tool_manager_accepts_a_tool_result_from_the_tool():
     assert result.metadata == {"hits": 1, "attempts": 1, "wait_s": result.metadata["wait_s"], "cached": False}
 
 
+async def test_tool_manager_close_closes_tools_that_hold_resources():
+    closed = []
+
+    class Session:  # async close
+        name, description, parameters = "session", "Holds a session.", {"type": "object", "properties": {}}
+
+        async def call(self, arguments, ctx=None):
+            return "ok"
+
+        async def close(self):
+            closed.append("session")
+
+    class Broken(Session):  # a failing close does not stop the others
+        name = "broken"
+
+        async def close(self):
+            raise OSError("already gone")
+
+    class Client(Session):  # sync close
+        name = "client"
+
+        def close(self):
+            closed.append("client")
+
+    await ConcurrentToolManager([Session(), Broken(), Client()]).close()
+    assert closed == ["session", "client"]
+
+
 def test_normalize_answer():
     assert normalize_answer("  The Eiffel-Tower! ") == "eiffeltower"
 

@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     ("doctor_cmd", "doctor"),
     ("train_cmd", "train"),
     ("train_cmd", "eval"),
+    ("data_cmd", "data"),
 )
 
 

@@ -9,6 +9,9 @@ from collections import Counter
 from ..hookspecs import hookimpl
 from ..types import RewardOutput, Sample, Trajectory
 
+__all__ = ["ExactMatchReward", "TokenF1Reward", "FormatReward", "normalize_answer", "same_answer", "gold_answers",
+           "token_f1"]
+
 
 def normalize_answer(text: str) -> str:
     """Lower-case, drop punctuation and articles, squeeze spaces (the SQuAD / Search-R1 rule)."""
@@ -25,7 +28,7 @@ def _as_number(text: str) -> float | None:
         return None
 
 
-def _same_answer(answer: str, expected: str) -> bool:
+def same_answer(answer: str, expected: str) -> bool:
     """Numbers compare as numbers (normalising would drop their sign and decimal point:
     "-12" is not "12", "1.5" is not "15"); everything else after :func:`normalize_answer`."""
     a, e = _as_number(answer), _as_number(expected)
@@ -35,13 +38,18 @@ def _same_answer(answer: str, expected: str) -> bool:
 
 
 def gold_answers(sample: Sample, answer_key: str = "answer") -> list[str] | None:
-    """The sample's accepted answers: ``sample[answer_key]``, else ``answers`` or
-    ``golden_answers`` (Search-R1 / FlashRAG data); a string or a list. None when it has none."""
-    for key in (answer_key, "answers", "golden_answers"):
+    """The sample's accepted answers, from ``sample[answer_key]``, ``answers`` and
+    ``golden_answers`` (Search-R1 / FlashRAG data) together: each a string or a list
+    (aliases). None when it has none."""
+    accepted: list[str] = []
+    for key in dict.fromkeys((answer_key, "answers", "golden_answers")):
         value = sample.get(key) if hasattr(sample, "get") else None
-        if value is not None:
-            return [str(value)] if isinstance(value, (str, int, float)) else [str(v) for v in value]
-    return None
+        if value is None:
+            continue
+        for answer in [value] if isinstance(value, (str, int, float)) else value:
+            if str(answer) not in accepted:
+                accepted.append(str(answer))
+    return accepted or None
 
 
 def token_f1(prediction: str, gold: str) -> float:
@@ -74,7 +82,7 @@ class ExactMatchReward:
         if accepted is None:
             return None
         answer = trajectory.final_answer
-        hit = answer is not None and any(_same_answer(answer, a) for a in accepted)
+        hit = answer is not None and any(same_answer(answer, a) for a in accepted)
         value = 1.0 if hit else 0.0
         return RewardOutput(value=value, correct=hit)
 
@@ -124,9 +132,11 @@ class FormatReward:
             raise ValueError(f"tag must be a tag name like 'answer', got {tag!r}")
         self.tag, self.answer_tags, self.tool_calls = tag, answer_tags, tool_calls
 
-    def _answer_tags_ok(self, trajectory: Trajectory) -> bool:
+    def answer_tags_ok(self, trajectory: Trajectory) -> bool:
+        """Whether the last model turn holds one well-formed, non-empty answer tag pair."""
         replies = [m.content for m in trajectory.messages if m.role == "assistant"]
-        if not replies or not isinstance(replies[-1], str):
+        # without a model turn the last assistant message would be a few-shot example's
+        if not trajectory.num_turns or not replies or not isinstance(replies[-1], str):
             return False
         text = _THINK.sub("", replies[-1])
         opened, closed = f"<{self.tag}>", f"</{self.tag}>"
@@ -145,7 +155,7 @@ class FormatReward:
     async def score(self, trajectory: Trajectory, sample: Sample) -> RewardOutput:
         checks = {}
         if self.answer_tags:
-            checks["answer_tags"] = float(self._answer_tags_ok(trajectory))
+            checks["answer_tags"] = float(self.answer_tags_ok(trajectory))
         if self.tool_calls:
             checks["tool_calls"] = float(self._tool_calls_ok(trajectory))
         return RewardOutput(value=sum(checks.values()) / len(checks), components=checks)

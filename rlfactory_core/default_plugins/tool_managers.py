@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import time
@@ -184,8 +185,20 @@ class ConcurrentToolManager:
         return snapshot
 
     async def close(self) -> None:
-        """Nothing to release: plain tools hold no sessions. A shared in-flight call still
-        running ends by itself within ``timeout_s`` per attempt."""
+        """Close the tools that hold resources (a ``close()`` method, sync or async: a
+        retriever client, a server session); a tool whose close fails is logged and the
+        others are still closed. A shared in-flight call still running ends by itself within
+        ``timeout_s`` per attempt."""
+        for tool in self.tools.values():
+            close = getattr(tool, "close", None)
+            if not callable(close):
+                continue
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001 - closing must reach every tool
+                log.warning("closing the tool %r failed: %s", tool.name, _describe(exc))
 
     # -- one call -------------------------------------------------------------------------
 
