@@ -56,8 +56,8 @@ def test_env_is_registered_through_the_plugin_manager(fresh_plugins, allowed):
     [info] = [info for info in plugins.plugin_infos() if info.name == "arithmetic"]
     assert info.status == "ok", info.problems
     assert (info.distribution, info.builtin) == (DIST, False)
-    assert info.hooks == ["rlfactory_register_envs"]
-    assert info.components == {"env": ["arithmetic"]}
+    assert info.hooks == ["rlfactory_register_envs", "rlfactory_register_rewards"]
+    assert info.components == {"env": ["arithmetic"], "reward": ["arithmetic_verified"]}
 
 
 def test_env_is_absent_when_external_plugins_are_disabled(fresh_plugins):
