@@ -1,0 +1,709 @@
+"""The offline deepsearch dataset: questions about countries, answered from a small corpus.
+
+Search-R1 trains on NQ/HotpotQA questions over a 21M-passage Wikipedia dump (wiki-18). This
+module builds the same kind of task from facts shipped on PyPI, so it runs offline on a CPU:
+
+* facts: the package ``countryinfo`` (name, capital, region, currencies, languages, borders,
+  population ... of countries and territories), with ``pycountry`` turning ISO codes into
+  names (``EUR`` -> "Euro", ``fr`` -> "French", ``DEU`` -> "Germany"); entries without a current
+  ISO code or with hardly any facts, withdrawn currencies and odd codes are left out;
+* ``corpus.jsonl``: short encyclopedic passages (under :data:`MAX_PASSAGE_WORDS` words, a small
+  model's whole trajectory must fit in 1-2k tokens) in wiki-18's format,
+  ``{"id": "0", "contents": "\\"France\\"\\nFrance lies in the Europe region, ..."}``: per country an
+  overview (region, other names, demonym), currency and languages, land borders, population
+  and area, and one passage per capital city ("Paris is the capital city of France.");
+* ``train.jsonl`` / ``validation.jsonl`` / ``test.jsonl``: questions of the kinds in
+  :data:`KINDS`, single-hop ("What is the capital of France?") and two-hop ("What currency is
+  used in the country whose capital is Lima?"), each answerable from the corpus, unambiguous,
+  and never containing its own answer. A capital is named only in its city's passage, so a
+  two-hop question needs one passage to find the country and another for the answer;
+* ``manifest.json``: source package versions, counts and a content hash.
+
+Each sample is ``{"id", "question", "golden_answers", "answer", "hops", "kind", "data_source",
+"entity", "supporting_ids"}``: ``golden_answers`` holds every accepted form (the first is
+``answer``; aliases are names the corpus states, plus their unaccented spellings, deduplicated
+under the exact-match reward's normalisation), ``entity`` is the country the question is about,
+``supporting_ids`` the corpus passages that answer it, in the order they are needed.
+
+Splits are by country: a stable hash puts each country, with all its questions, in train
+(about 70%), validation (10%) or test (20%), so no test country is the subject of a training
+question. With countryinfo 1.0.1 and pycountry 26.2.16: 236 countries, 1106 passages, 1632
+questions (train 1149, validation 154, test 329). Building takes about a second and needs no
+network; :func:`load_split` and :func:`default_corpus_path` build on first use. The facts are
+countryinfo's, some dated (Kazakhstan's capital is Nur-Sultan, Swaziland keeps its old name,
+Croatia has no currency because its kuna was withdrawn): the corpus, not the world, is the
+ground truth. "Country" in the questions includes territories (Guam, Aruba ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import tempfile
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from rlfactory_core.default_plugins.rewards import normalize_answer
+from rlfactory_core.errors import RLFactoryError
+from rlfactory_core.models import rlfactory_home
+
+from .search_r1_format import split_title
+
+__all__ = [
+    "SPLITS",
+    "KINDS",
+    "DATA_SOURCE",
+    "MAX_PASSAGE_WORDS",
+    "BUILDER_VERSION",
+    "build",
+    "default_data_dir",
+    "default_corpus_path",
+    "load_split",
+]
+
+#: The splits :func:`load_split` knows.
+SPLITS = ("train", "validation", "test")
+#: Question kinds and their number of retrieval hops.
+KINDS: dict[str, int] = {
+    "capital": 1,
+    "country_of_capital": 1,
+    "currency": 1,
+    "language": 1,
+    "region": 1,
+    "currency_via_capital": 2,
+    "region_via_capital": 2,
+    "capital_via_currency_border": 2,
+}
+#: ``data_source`` of every sample (Search-R1's column of that name).
+DATA_SOURCE = "countryinfo"
+#: Longest passage, in words: the policy model has a small context.
+MAX_PASSAGE_WORDS = 60
+#: Bumped whenever the output changes for the same sources, so old builds are rebuilt.
+BUILDER_VERSION = 1
+
+CORPUS_FILE = "corpus.jsonl"
+MANIFEST_FILE = "manifest.json"
+_DATA_FILES = (CORPUS_FILE,) + tuple(f"{split}.jsonl" for split in SPLITS)
+_SOURCES = ("countryinfo", "pycountry")
+
+# Phrasings per kind; one is picked per question by a stable hash, for some variety.
+_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "capital": ("What is the capital of {country}?", "What is the capital city of {country}?",
+                "Which city is the capital of {country}?"),
+    "country_of_capital": ("Which country has {capital} as its capital?",
+                           "{capital} is the capital of which country?"),
+    "currency": ("Which currency is used in {country}?", "What is the currency of {country}?"),
+    "language": ("Which language is spoken in {country}?",
+                 "What is one of the languages spoken in {country}?"),
+    "region": ("In which region is {country}?", "Which world region is {country} part of?"),
+    "currency_via_capital": ("What currency is used in the country whose capital is {capital}?",
+                             "Which currency is used in the country whose capital city is {capital}?"),
+    "region_via_capital": ("Which region is the country whose capital is {capital} in?",
+                           "In which region is the country whose capital is {capital}?"),
+    "capital_via_currency_border": (
+        "What is the capital of the country that uses the {currency} and borders {neighbour}?",
+        "Which city is the capital of the country that borders {neighbour} and uses the {currency}?"),
+}
+assert set(_TEMPLATES) == set(KINDS)
+
+_REGIONS = ("Africa", "Americas", "Asia", "Europe", "Oceania")
+# ISO 4217 fund codes: accounting units (Bolivia's Mvdol, Chile's Unidad de Fomento, the US
+# "next day" dollar ...), not the money people use; countryinfo lists them beside the currency.
+_FUND_CURRENCIES = frozenset({"BOV", "CHE", "CHW", "CLF", "COU", "MXV", "USN", "USS", "UYI", "UYW",
+                              "XDR", "XSU", "XUA"})
+# countryinfo alternative spellings that do not name the country alone: "Prathet" is Thai for
+# "country", "Island" Icelandic for Iceland (and an English word), "Mexicanos" and "Portuguesa"
+# adjectives, "Guiana" the whole region of the Guianas, "Abode of Peace" a fragment of Brunei's
+# "Nation of Brunei, the Abode of Peace".
+_NOT_NAMES = frozenset({"Prathet", "Island", "Mexicanos", "Portuguesa", "Guiana", "Abode of Peace"})
+# At most this many other names per country: they go into its overview passage.
+_MAX_ALIASES = 4
+
+
+# --------------------------------------------------------------------------- locations
+
+
+def default_data_dir() -> Path:
+    """Where the dataset is built by default: ``$RLFACTORY_HOME/data/deepsearch``."""
+    return rlfactory_home() / "data" / "deepsearch"
+
+
+def default_corpus_path() -> Path:
+    """The corpus of the default build (built first if needed, in seconds)."""
+    return build() / CORPUS_FILE
+
+
+# --------------------------------------------------------------------------- facts
+
+
+@dataclass
+class _Country:
+    """One country or territory's usable facts; every field is checked, missing ones empty."""
+
+    code: str  # ISO 3166 alpha-3
+    name: str
+    aliases: list[str]  # other names, stated in the overview passage
+    region: str
+    subregion: str
+    capital: str | None
+    capital_latlng: tuple[float, float] | None
+    currencies: list[str]  # names, e.g. "Euro"
+    languages: list[str]  # names, e.g. "French"
+    border_codes: list[str]  # alpha-3, as countryinfo lists them
+    population: int | None
+    area: float | None
+    demonym: str | None
+    iso_names: list[str]  # pycountry's names for the code
+
+    def fact_count(self) -> int:
+        return sum(bool(x) for x in (self.capital, self.currencies, self.languages, self.border_codes,
+                                     self.population, self.area, self.demonym))
+
+
+def _text(value: Any) -> str | None:
+    """A stripped non-empty string, or None (countryinfo has "", lists and None where text belongs)."""
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def _positive_number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if value > 0 else None
+
+
+def _ascii_fold(text: str) -> str:
+    """``text`` without accents ("Bogotá" -> "Bogota")."""
+    return "".join(ch for ch in unicodedata.normalize("NFKD", text) if not unicodedata.combining(ch))
+
+
+def _mentions(text: str, phrase: str) -> bool:
+    """Whether ``phrase`` occurs in ``text`` as whole words, after answer normalisation."""
+    phrase = normalize_answer(phrase)
+    return bool(phrase) and f" {phrase} " in f" {normalize_answer(text)} "
+
+
+def _iso_codes() -> frozenset[str]:
+    """Every ISO 3166 / 4217 / 639 code pycountry knows: never an acceptable answer or name."""
+    import pycountry
+
+    codes = set()
+    for country in pycountry.countries:
+        codes.update((country.alpha_2, country.alpha_3))
+    codes.update(currency.alpha_3 for currency in pycountry.currencies)
+    for language in pycountry.languages:
+        codes.update(getattr(language, attr) for attr in ("alpha_2", "alpha_3") if hasattr(language, attr))
+    return frozenset(codes)
+
+
+def _is_code(text: str, codes: frozenset[str]) -> bool:
+    return text in codes or (text.isupper() and text.lower() in codes)
+
+
+def _currency_name(code: Any) -> str | None:
+    import pycountry
+
+    if not isinstance(code, str) or code in _FUND_CURRENCIES:
+        return None
+    # Codes pycountry no longer lists are withdrawn currencies (HRK, VEF, ZMK ...): dated facts.
+    currency = pycountry.currencies.get(alpha_3=code)
+    return currency.name if currency else None
+
+
+def _language_name(code: Any) -> str | None:
+    import pycountry
+
+    if not isinstance(code, str) or len(code) not in (2, 3) or not code.islower():
+        return None  # countryinfo sometimes has names ("English") or odd codes ("rs")
+    language = pycountry.languages.get(**{"alpha_2" if len(code) == 2 else "alpha_3": code})
+    if language is None:
+        return None
+    # ISO qualifiers are not part of the name people use: "Malay (macrolanguage)" -> "Malay".
+    return language.name.split(" (")[0].strip()
+
+
+def _iso_names(code: str) -> list[str]:
+    import pycountry
+
+    country = pycountry.countries.get(alpha_3=code)
+    if country is None:
+        return []
+    names = (getattr(country, attr, None) for attr in ("common_name", "official_name", "name"))
+    return [name for name in names if name]
+
+
+def _parse_country(raw: dict[str, Any]) -> _Country | None:
+    """A usable record from one countryinfo entry, or None when it lacks the basics (a current
+    ISO code, a name, a region, two facts): withdrawn codes (Serbia and Montenegro), non-countries
+    (Scotland) and stubs drop out here. The stubs' few facts are often wrong (Bouvet Island, in
+    the South Atlantic, is listed in the Americas)."""
+    name = _text(raw.get("name"))
+    iso = raw.get("ISO") if isinstance(raw.get("ISO"), dict) else {}
+    code = _text(iso.get("alpha3"))
+    if name is None or code is None:
+        return None
+    iso_names = _iso_names(code)
+    region, subregion = _text(raw.get("region")), _text(raw.get("subregion"))
+    if not iso_names or region not in _REGIONS or subregion is None:
+        return None
+    capital = _text(raw.get("capital"))
+    if capital is not None and "/" in capital:  # "Kralendijk / Oranjestad / The Bottom": several
+        capital = None
+    latlng = raw.get("capital_latlng")
+    capital_latlng = None
+    if (capital and isinstance(latlng, list) and len(latlng) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in latlng)):
+        capital_latlng = (float(latlng[0]), float(latlng[1]))
+    currencies = [n for n in map(_currency_name, raw.get("currencies") or []) if n]
+    languages = [n for n in map(_language_name, raw.get("languages") or []) if n]
+    borders = [c for c in raw.get("borders") or [] if isinstance(c, str) and len(c) == 3 and c.isupper()]
+    population = _positive_number(raw.get("population"))
+    demonym = _text(raw.get("demonym"))
+    country = _Country(
+        code=code, name=name, aliases=[], region=region, subregion=subregion, capital=capital,
+        capital_latlng=capital_latlng, currencies=list(dict.fromkeys(currencies)),
+        languages=list(dict.fromkeys(languages)), border_codes=list(dict.fromkeys(borders)),
+        population=int(population) if population else None, area=_positive_number(raw.get("area")),
+        # "Antiguan,Barbudan": two demonyms in one field.
+        demonym=" or ".join(part.strip() for part in demonym.split(",")) if demonym else None,
+        iso_names=iso_names,
+    )
+    return country if country.fact_count() >= 2 else None
+
+
+def _alias_candidates(country: _Country, entries: list[dict[str, Any]], codes: frozenset[str]) -> list[str]:
+    """Other names of a country: ISO's English names first, then the names and alternative
+    spellings of its countryinfo entries (``entries``, the kept one first) that are names: no
+    codes, no "Bolivia, Plurinational State of" inversions or parentheses, no native scripts or
+    demonyms."""
+    spellings = [raw.get("name") for raw in entries[1:]]
+    spellings += [s for raw in entries for s in raw.get("altSpellings") or []]
+    spellings = [s for s in spellings if isinstance(s, str)]
+    candidates = []
+    # "Cocos (Keeling) Islands" is also "Cocos Islands".
+    for text in country.iso_names + [re.sub(r"\s*\([^)]*\)", "", country.name)] + spellings:
+        text = text.strip()
+        if text.startswith("the "):
+            text = text[4:]  # "the State of Palestine"
+        ok = (len(text) > 2 and text[0].isupper() and not any(ch in text for ch in ",()") and text not in _NOT_NAMES
+              and not _is_code(text, codes) and text != country.demonym
+              and (text in country.iso_names or text.isascii()))
+        if ok and normalize_answer(text) != normalize_answer(country.name):
+            candidates.append(text)
+    return list(dict.fromkeys(candidates))
+
+
+def _load_countries() -> list[_Country]:
+    """Every usable country, one per ISO code, sorted by name, with aliases that name no other."""
+    from countryinfo import CountryInfo
+
+    codes = _iso_codes()
+    by_code: dict[str, list[tuple[_Country, dict[str, Any]]]] = {}
+    everything = CountryInfo.all()
+    for key in sorted(everything):
+        raw = everything[key]
+        country = _parse_country(raw)
+        if country is not None:
+            by_code.setdefault(country.code, []).append((country, raw))
+    countries: list[_Country] = []
+    raws: dict[str, list[dict[str, Any]]] = {}
+    for code, entries in by_code.items():
+        # Two entries for one code (Burma and Myanmar, two Palestines): keep the facts of the
+        # one with the most, then of the one named as ISO names it; the names of all are aliases.
+        entries.sort(key=lambda e: (e[0].fact_count(), e[0].name in e[0].iso_names, e[0].name), reverse=True)
+        countries.append(entries[0][0])
+        raws[code] = [raw for _, raw in entries]
+    countries.sort(key=lambda c: (c.name, c.code))
+    names = [normalize_answer(c.name) for c in countries]
+    if len(set(names)) != len(names):
+        raise RLFactoryError("countryinfo lists two countries under one name",
+                             hint="pin the countryinfo version this package was tested with (1.0.1)")
+
+    # An alias that two countries share, or that is another country's name, names neither.
+    candidates = {c.code: _alias_candidates(c, raws[c.code], codes) for c in countries}
+    owners: dict[str, set[str]] = {}
+    for country in countries:
+        owners.setdefault(normalize_answer(country.name), set()).add(country.code)
+        for alias in candidates[country.code]:
+            owners.setdefault(normalize_answer(alias), set()).add(country.code)
+    known = {c.code for c in countries}
+    for country in countries:
+        unique = [a for a in candidates[country.code] if len(owners[normalize_answer(a)]) == 1]
+        country.aliases = _distinct(unique)[:_MAX_ALIASES]
+        country.border_codes = [code for code in country.border_codes if code in known and code != country.code]
+    return countries
+
+
+def _distinct(texts: Iterable[str]) -> list[str]:
+    """``texts`` without repeats under answer normalisation, first spelling kept."""
+    seen, kept = set(), []
+    for text in texts:
+        key = normalize_answer(text)
+        if key and key not in seen:
+            seen.add(key)
+            kept.append(text)
+    return kept
+
+
+def _with_unaccented(texts: Iterable[str]) -> list[str]:
+    """Each answer followed by its unaccented spelling, when that differs ("Bogotá", "Bogota")."""
+    out = []
+    for text in texts:
+        out.append(text)
+        folded = _ascii_fold(text)
+        if folded != text and folded.isascii():
+            out.append(folded)
+    return list(dict.fromkeys(out))
+
+
+# --------------------------------------------------------------------------- corpus
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def _coordinates(lat: float, lng: float) -> str:
+    return f"{abs(lat):.2f}° {'N' if lat >= 0 else 'S'}, {abs(lng):.2f}° {'E' if lng >= 0 else 'W'}"
+
+
+@dataclass
+class _Passages:
+    """Corpus ids of one country's passages (None where it has no such facts)."""
+
+    overview: str
+    capital: str | None = None
+    economy: str | None = None
+    borders: str | None = None
+
+
+def _corpus(countries: list[_Country]) -> tuple[list[dict[str, str]], dict[str, _Passages]]:
+    """wiki-18 rows for every country, in a fixed order, and where each country's facts are."""
+    rows: list[dict[str, str]] = []
+    names = {c.code: c.name for c in countries}
+    country_names = {normalize_answer(c.name) for c in countries}
+
+    def add(title: str, sentences: list[str]) -> str:
+        text = " ".join(sentences)
+        passage_id = str(len(rows))
+        rows.append({"id": passage_id, "contents": f'"{title}"\n{text}'})
+        return passage_id
+
+    where: dict[str, _Passages] = {}
+    for c in countries:
+        # "region" beside the answer of the region questions: "Peru lies in the Americas region".
+        region = "the Americas" if c.region == "Americas" else f"the {c.region}"
+        sentences = [f"{c.name} lies in {region} region, in {c.subregion}."]
+        if c.aliases:
+            sentences.append(f"It is also known as {_join(c.aliases)}.")
+        if c.demonym:
+            sentences.append(f"Its demonym is {c.demonym}.")
+        passages = _Passages(overview=add(c.name, sentences))
+        if c.capital:
+            # A city named like a country ("Singapore") gets a title of its own.
+            title = f"{c.capital} (city)" if normalize_answer(c.capital) in country_names else c.capital
+            sentences = [f"{c.capital} is the capital city of {c.name}."]
+            if c.capital_latlng:
+                sentences.append(f"It lies at {_coordinates(*c.capital_latlng)}.")
+            passages.capital = add(title, sentences)
+        sentences = []
+        if c.currencies:
+            noun = "currency" if len(c.currencies) == 1 else "currencies"
+            sentences.append(f"{c.name} uses {_join([f'the {n}' for n in c.currencies])} as its {noun}.")
+        if c.languages:
+            sentences.append(f"Languages spoken in {c.name} include {_join(c.languages)}.")
+        if sentences:
+            passages.economy = add(c.name, sentences)
+        if c.border_codes:
+            neighbours = [names[code] for code in c.border_codes]
+            passages.borders = add(c.name, [f"{c.name} shares land borders with {_join(neighbours)}."])
+        sentences = []
+        if c.population:
+            sentences.append(f"{c.name} has a population of about {_number(c.population)} people.")
+        if c.area:
+            sentences.append(f"It covers an area of {_number(c.area)} square kilometres.")
+        if sentences:
+            add(c.name, sentences)
+        where[c.code] = passages
+    return rows, where
+
+
+# --------------------------------------------------------------------------- questions
+
+
+def _stable_int(*parts: str) -> int:
+    """A hash that is the same on every machine and Python version (``hash()`` is salted)."""
+    return int.from_bytes(hashlib.sha256("\x1f".join(parts).encode()).digest()[:8], "big")
+
+
+def _split_of(country_code: str) -> str:
+    bucket = _stable_int("split", country_code) % 10
+    return "train" if bucket < 7 else "validation" if bucket < 8 else "test"
+
+
+def _questions(countries: list[_Country], where: dict[str, _Passages]) -> list[dict[str, Any]]:
+    """Every question the facts support unambiguously, in a fixed order."""
+    by_code = {c.code: c for c in countries}
+    capital_owners: dict[str, list[str]] = {}
+    for c in countries:
+        if c.capital:
+            capital_owners.setdefault(normalize_answer(c.capital), []).append(c.code)
+    neighbours: dict[str, set[str]] = {c.code: set() for c in countries}
+    for c in countries:  # "A borders B" is in the corpus if either lists the other
+        for other in c.border_codes:
+            neighbours[c.code].add(other)
+            neighbours[other].add(c.code)
+
+    samples: list[dict[str, Any]] = []
+
+    def add(kind: str, subject: _Country, golds: list[str], support: list[str | None], **slots: str) -> bool:
+        """Add the question unless it gives its answer away; whether it was added."""
+        templates = _TEMPLATES[kind]
+        question = templates[_stable_int("template", kind, subject.code) % len(templates)].format(**slots)
+        golds = _distinct(_with_unaccented(golds))
+        # A question that contains its answer tests nothing ("In which region is South Africa?");
+        # a two-hop one must not name the country it bridges through, nor its people ("the
+        # country whose capital is Kuwait City", "... that uses the Iraqi Dinar"), and the
+        # country's name must not give the answer away ("... whose capital is Pretoria": Africa).
+        names = [subject.name] + subject.aliases
+        leaks = list(golds)
+        if KINDS[kind] == 2:
+            leaks += names + (subject.demonym or "").split(" or ")
+            if any(_mentions(name, gold) for name in names for gold in golds):
+                return False
+        if not golds or any(_mentions(question, text) for text in leaks):
+            return False
+        samples.append({
+            "id": f"{DATA_SOURCE}-{kind}-{subject.code}",
+            "question": question,
+            "golden_answers": golds,
+            "answer": golds[0],
+            "hops": KINDS[kind],
+            "kind": kind,
+            "data_source": DATA_SOURCE,
+            "entity": subject.name,
+            "supporting_ids": [s for s in support if s is not None],
+        })
+        return True
+
+    for c in countries:
+        p = where[c.code]
+        names = [c.name] + c.aliases
+        # Questions that name the capital to find the country need the capital to be one
+        # country's and not part of its name ("Vatican City State" of "Holy See (Vatican City State)").
+        capital_leads_to_country = (bool(c.capital) and len(capital_owners[normalize_answer(c.capital)]) == 1
+                                    and not any(_mentions(name, c.capital) for name in names))
+        if c.capital:
+            add("capital", c, [c.capital], [p.capital], country=c.name)
+        if capital_leads_to_country:
+            add("country_of_capital", c, names, [p.capital], capital=c.capital)
+        if c.currencies:
+            add("currency", c, c.currencies, [p.economy], country=c.name)
+        if c.languages:
+            # "Modern Greek" (ISO's name) is Greek.
+            answers = [a for name in c.languages for a in (name, name.removeprefix("Modern "))]
+            add("language", c, answers, [p.economy], country=c.name)
+        add("region", c, [c.region], [p.overview], country=c.name)
+        if capital_leads_to_country and c.currencies:
+            add("currency_via_capital", c, c.currencies, [p.capital, p.economy], capital=c.capital)
+        if capital_leads_to_country:
+            add("region_via_capital", c, [c.region], [p.capital, p.overview], capital=c.capital)
+        if c.capital and c.currencies and c.border_codes:
+            # Clues that single the country out: it uses the currency and borders the
+            # neighbour, and no other country does both.
+            # One question per country, from the first pair of clues (in a stable shuffled
+            # order) that does not give the country away.
+            clues = [(currency, other) for currency in c.currencies for other in c.border_codes
+                     if {code for code in neighbours[other] if currency in by_code[code].currencies} == {c.code}]
+            clues.sort(key=lambda clue: _stable_int("clue", c.code, *clue))
+            for currency, other in clues:
+                if add("capital_via_currency_border", c, [c.capital], [p.economy, p.borders, p.capital],
+                       currency=currency, neighbour=by_code[other].name):
+                    break
+    return samples
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _source_versions() -> dict[str, str]:
+    versions = {}
+    for package in _SOURCES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            raise RLFactoryError(f"the deepsearch dataset is built from {package}, which is not installed",
+                                 hint=f"pip install {package} (a dependency of rlfactory-plugin-deepsearch)") from None
+    return versions
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _dataset_files(progress: Callable[[str], None]) -> dict[str, bytes]:
+    """The bytes of every file of the dataset, manifest included (deterministic: no dates)."""
+    versions = _source_versions()
+    progress(f"reading facts from countryinfo {versions['countryinfo']} and pycountry {versions['pycountry']}")
+    countries = _load_countries()
+    rows, where = _corpus(countries)
+    longest = max(len(split_title(row["contents"])[1].split()) for row in rows)
+    if longest > MAX_PASSAGE_WORDS:
+        raise RLFactoryError(f"a generated passage has {longest} words, over the limit of {MAX_PASSAGE_WORDS}",
+                             hint="a countryinfo update changed the facts; pin countryinfo==1.0.1 and report it")
+    samples = _questions(countries, where)
+    questions = [normalize_answer(s["question"]) for s in samples]
+    if len(set(questions)) != len(questions):
+        raise RLFactoryError("two generated questions are the same",
+                             hint="a countryinfo update changed the facts; pin countryinfo==1.0.1 and report it")
+    progress(f"{len(countries)} countries: {len(rows)} passages, {len(samples)} questions")
+    splits: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
+    for sample in samples:
+        country = sample["id"].rsplit("-", 1)[1]
+        splits[_split_of(country)].append(sample)
+    files = {CORPUS_FILE: _jsonl(rows)}
+    counts: dict[str, Any] = {"countries": len(countries), "passages": len(rows)}
+    for split, split_samples in splits.items():
+        # Shuffled by a hash of the id, so the first N of a split mix every kind and country.
+        split_samples.sort(key=lambda s: _stable_int("order", s["id"]))
+        files[f"{split}.jsonl"] = _jsonl(split_samples)
+        by_kind = {kind: sum(s["kind"] == kind for s in split_samples) for kind in KINDS}
+        counts[split] = {"questions": len(split_samples), "by_kind": by_kind}
+    hashes = {name: _sha256(data) for name, data in files.items()}
+    manifest = {
+        "dataset": "deepsearch-countryinfo",
+        "builder_version": BUILDER_VERSION,
+        "sources": versions,
+        "counts": counts,
+        "files": hashes,
+        "content_hash": _sha256("".join(f"{name}:{hashes[name]}\n" for name in _DATA_FILES).encode()),
+    }
+    files[MANIFEST_FILE] = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    return files
+
+
+def _is_complete(directory: Path) -> bool:
+    """Whether ``directory`` holds a build of this builder from the installed sources, intact."""
+    try:
+        manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
+        if manifest.get("builder_version") != BUILDER_VERSION or manifest.get("sources") != _source_versions():
+            return False
+        return all(_sha256((directory / name).read_bytes()) == manifest["files"][name] for name in _DATA_FILES)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _check_replaceable(directory: Path) -> None:
+    """Refuse to replace a directory that holds anything but a (possibly broken) build."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise RLFactoryError(f"{directory} is a file, not a directory",
+                             hint="pass a new or empty directory as the dataset's out_dir")
+    foreign = sorted(p.name for p in directory.iterdir() if p.name not in _DATA_FILES + (MANIFEST_FILE,))
+    if foreign:
+        raise RLFactoryError(f"{directory} holds files that are not part of the deepsearch dataset "
+                             f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})",
+                             hint="pass a new or empty directory as out_dir; a rebuild replaces the whole directory")
+
+
+def _install(staged: Path, out_dir: Path) -> None:
+    """Move the finished build ``staged`` to ``out_dir`` by renames: readers see the old build
+    or the new one, never a mix."""
+    try:
+        os.rename(staged, out_dir)  # fails when out_dir exists and is not empty
+        return
+    except OSError:
+        if not out_dir.exists():
+            raise
+    retired = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    os.rename(out_dir, retired / out_dir.name)
+    try:
+        os.rename(staged, out_dir)
+    except OSError:
+        if not out_dir.exists():
+            os.rename(retired / out_dir.name, out_dir)
+        raise
+    finally:
+        shutil.rmtree(retired, ignore_errors=True)
+
+
+def build(out_dir: Path | None = None, force: bool = False,
+          progress: Callable[[str], None] | None = None) -> Path:
+    """Build the dataset (corpus, three splits, manifest) into ``out_dir``; returns it.
+
+    Takes a few seconds. Does nothing when ``out_dir`` already holds an intact build from the
+    same builder and source versions, unless ``force``. The files are written to a temporary
+    directory beside ``out_dir`` and moved into place only when complete, so an interrupted
+    build leaves the previous one (or nothing), never a half dataset.
+
+    :param out_dir: target directory (default :func:`default_data_dir`); it may hold only a
+        previous build, since a rebuild replaces the whole directory.
+    :param force: rebuild even when a complete build is there.
+    :param progress: called with one-line messages as the build goes.
+    """
+    out_dir = Path(out_dir).expanduser() if out_dir is not None else default_data_dir()
+    report = progress or (lambda message: None)
+    if not force and _is_complete(out_dir):
+        report(f"the deepsearch dataset in {out_dir} is complete (force=True rebuilds it)")
+        return out_dir
+    _check_replaceable(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    try:
+        files = _dataset_files(report)
+        for name in _DATA_FILES + (MANIFEST_FILE,):  # the manifest last: it marks a complete build
+            (staged / name).write_bytes(files[name])
+            report(f"wrote {name}")
+        if not force and _is_complete(out_dir):
+            return out_dir  # another process finished the same build meanwhile
+        _install(staged, out_dir)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    report(f"deepsearch dataset ready in {out_dir}")
+    return out_dir
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_split(split: str, data_dir: Path | None = None, size: int | None = None) -> list[dict[str, Any]]:
+    """The samples of ``split`` (``train``, ``validation`` or ``test``), building the dataset
+    first if needed.
+
+    :param split: one of :data:`SPLITS`.
+    :param data_dir: the build to read (default :func:`default_data_dir`); built there if absent.
+    :param size: only the first ``size`` samples (a fixed mix of kinds and countries);
+        None for all. More than the split holds is an error.
+    """
+    if split not in SPLITS:
+        raise RLFactoryError(f"unknown deepsearch split {split!r}", hint=f"use one of: {', '.join(SPLITS)}")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        raise RLFactoryError(f"size must be a whole number >= 0 or None, got {size!r}",
+                             hint="pass the number of samples to load, or None for the whole split")
+    path = build(data_dir) / f"{split}.jsonl"
+    samples = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            try:
+                samples.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise RLFactoryError(f"{path}:{line_no}: not JSON ({exc.msg})",
+                                     hint="rebuild the dataset: rlf data build deepsearch --force") from None
+    if size is not None and size > len(samples):
+        raise RLFactoryError(f"the deepsearch {split} split has {len(samples)} samples, {size} were asked for",
+                             hint=f"ask for at most {len(samples)}, or None for all")
+    return samples if size is None else samples[:size]

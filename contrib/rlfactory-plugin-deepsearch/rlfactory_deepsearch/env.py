@@ -1,0 +1,322 @@
+"""The env ``deepsearch``: answer questions by searching a passage corpus (Search-R1).
+
+An episode is a question. The model may call the ``search`` tool (through the configured
+parser: Qwen3/Hermes ``<tool_call>`` blocks by default) any number of times within the
+turn limit; each call returns the top passages, formatted as Search-R1 formats them
+(``Doc 1(Title: ...) text``). A turn without a tool call ends the episode; its answer is
+what it writes inside ``<answer>...</answer>`` (an answer without the tags is no answer,
+as in Search-R1).
+
+Out of the box everything is local and offline: the corpus and the questions are built from
+the facts of the PyPI package ``countryinfo`` (:mod:`rlfactory_deepsearch.data`) and
+searched with BM25 (``bm25s``), in process. The real Search-R1 setup swaps in its files and
+a retriever server: ``train_file`` / ``test_file`` (Search-R1's NQ/HotpotQA parquet, or JSONL
+samples), ``corpus`` (wiki-18 JSONL) or ``retriever: http`` with ``url`` (our ``rlf
+retriever serve`` or Search-R1's own retrieval server).
+
+Small models follow the tool-call format from a worked example in the prompt
+(``few_shot``), rendered with the same parser as the rollout (``parser``, keep it equal to
+the run's ``parser``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlfactory_core.errors import ConfigError
+from rlfactory_core.plugins import get_component
+from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
+
+__all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages"]
+
+#: Search-R1's instruction (``make_prefix`` in its ``nq_search.py``), with the search engine
+#: offered as a tool instead of ``<search>`` tags.
+INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
+    "get new information. After reasoning, if you find you lack some knowledge, you can call the search tool "
+    "with a query and it will return the top searched results. You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> "
+    "and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>."
+)
+# A compact version for small models: the same contract in fewer tokens.
+SHORT_INSTRUCTION = (
+    "Answer the question. If you lack knowledge, call the search tool with a short query; it returns "
+    "passages. Search as often as you need. Then give only the answer inside <answer> and </answer>."
+)
+
+#: Worked examples for small models: (question, [(query, passage found)], answer). The
+#: countries are in the training split, so no evaluation answer is given away
+#: (tests/test_data.py checks), and the passages are the corpus's own.
+EXAMPLES = (
+    ("Which currency is used in Norway?",
+     [("Norway currency", '"Norway"\nNorway uses the Norwegian Krone as its currency. Languages spoken in Norway '
+                          'include Norwegian, Norwegian Bokmål and Norwegian Nynorsk.')],
+     "Norwegian Krone"),
+    ("In which region is the country whose capital is Asunción?",
+     [("Asunción capital", '"Asunción"\nAsunción is the capital city of Paraguay.'),
+      ("Paraguay region", '"Paraguay"\nParaguay lies in the Americas region, in Latin America and the Caribbean.')],
+     "Americas"),
+)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
+
+
+def format_passages(contents: Sequence[str]) -> str:
+    """Passages (wiki-18 ``contents``: a quoted title line, then the text) as Search-R1's
+    ``_passages2string`` writes them: ``Doc i(Title: "t") text``, one per line."""
+    lines = []
+    for i, passage in enumerate(contents, 1):
+        title, _, text = passage.partition("\n")
+        lines.append(f"Doc {i}(Title: {title}) {text.strip()}")
+    return "\n".join(lines)
+
+
+def extract_answer(text: str) -> str:
+    """The content of the last ``<answer>`` pair outside ``<think>``; "" when there is none."""
+    matches = _ANSWER.findall(_THINK.sub("", text))
+    return matches[-1].strip() if matches else ""
+
+
+class SearchTool:
+    """``search(query, topk)``: the top passages of the corpus for ``query``."""
+
+    name = "search"
+    description = "Search the knowledge base. Returns the passages that best match the query."
+
+    def __init__(self, batcher: Any, topk: int, max_topk: int = 10):
+        self._batcher = batcher
+        self.topk, self.max_topk = topk, max_topk
+        self.parameters = {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "what to search for, a few words"},
+                "topk": {"type": "integer", "minimum": 1, "maximum": max_topk,
+                         "description": f"how many passages to return (default {topk})"},
+            },
+            "required": ["query"],
+        }
+
+    async def call(self, arguments: dict[str, Any], ctx: dict[str, Any] | None = None) -> str:
+        query = str(arguments["query"]).strip()
+        if not query:
+            raise ValueError("the query is empty; search for a few words")
+        hits = await self._batcher.search(query, int(arguments.get("topk") or self.topk))
+        return format_passages([hit.document.contents for hit in hits]) if hits else "No passages found."
+
+    async def close(self) -> None:
+        """Stop the retrieval batcher (and an HTTP retriever's client); called by the tool
+        manager at the end of the run."""
+        await self._batcher.close()
+
+
+class DeepSearchEnv:
+    """Questions answered by searching a corpus (see the module docstring).
+
+    :param retriever: ``bm25`` (default, in process), ``dense`` (an embedding model and
+        faiss, the ``dense`` extra) or ``http`` (a Search-R1 retriever API at ``url``).
+    :param url: the retriever server for ``retriever: http``.
+    :param corpus: a wiki-18 style JSONL corpus (default: the built countryinfo corpus).
+    :param train_file / test_file: the samples (Search-R1 parquet, or JSONL rows with
+        ``question`` and ``golden_answers``); default: the built countryinfo splits.
+    :param data_dir: where the countryinfo dataset is built (default under $RLFACTORY_HOME).
+    :param topk: passages a search returns (Search-R1 uses 3).
+    :param retriever_options: the retriever's own options (``make_retriever``): bm25
+        ``k1``, ``b``, ``stemmer``; dense ``encoder`` (default the MiniLM shipped on PyPI),
+        ``device``, prefixes; http ``timeout_s``. BM25 defaults to ``k1=0.5`` here: on short
+        passages a passage matching more query words should beat one repeating the entity's
+        name (recall@2 of the first needed passage, the question as the query, on the
+        training questions: 0.97 against 0.89 with k1=1.5).
+    :param few_shot: show two worked examples (a one-search and a two-search question) in
+        the prompt.
+    :param instruction: ``short`` (default, fewer tokens for small models) or ``search-r1``
+        (Search-R1's wording) or any text.
+    :param parser: the parser that renders the example's tool calls (the run's parser).
+    :param max_batch: searches of concurrent trajectories grouped into one retrieval call.
+    """
+
+    name = "deepsearch"
+    description = "Search-R1: answer questions by calling a search tool over a corpus (offline countryinfo data by default)."
+
+    #: The config this env runs with unless the user sets otherwise: a CPU run with the
+    #: embedded model (see the README), Search-R1's reward in training and plain exact match
+    #: in evaluation.
+    config_defaults: dict[str, Any] = {
+        "rewards": [{"name": "search_r1"}],
+        "eval": {"rewards": [{"name": "exact_match"}], "every": 5, "temperature": 0.0},
+        "rollout": {"max_turns": 4, "max_tokens_per_turn": 40, "max_trajectory_tokens": 1536,
+                    "sampling": {"temperature": 0.8}},
+        "grpo": {"group_size": 8, "prompts_per_step": 4, "micro_batch_tokens": 4096},
+        "train": {"steps": 20, "lr": 1e-5},
+        "data": {"eval_size": 100},
+        "checkpoint": {"every": 5},
+    }
+
+    def __init__(self, retriever: str = "bm25", url: str | None = None, corpus: str | None = None,
+                 train_file: str | None = None, test_file: str | None = None, data_dir: str | None = None,
+                 topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool = True,
+                 instruction: str = "short",
+                 parser: str = "qwen3", max_batch: int = 64, cache_dir: str | None = None):
+        problems = []
+        if retriever not in ("bm25", "dense", "http"):
+            problems.append(f"env_options.retriever: {retriever!r} is not one of bm25, dense, http")
+        if retriever == "http" and not url:
+            problems.append("env_options.url: retriever 'http' needs the retriever server's URL "
+                            "(e.g. http://127.0.0.1:8000/retrieve)")
+        if not 1 <= topk <= 10:
+            problems.append(f"env_options.topk: must be between 1 and 10, got {topk}")
+        for key, path in (("corpus", corpus), ("train_file", train_file), ("test_file", test_file)):
+            if path is not None and not Path(path).expanduser().is_file():
+                problems.append(f"env_options.{key}: no file at {path}")
+        if problems:
+            raise ConfigError(problems)
+        self.retriever_kind, self.url, self.topk = retriever, url, topk
+        self.corpus = Path(corpus).expanduser() if corpus else None
+        self.files = {"train": train_file, "test": test_file}
+        self.data_dir = Path(data_dir).expanduser() if data_dir else None
+        defaults = {"k1": 0.5} if retriever == "bm25" else {}
+        self.retriever_options = {**defaults, **(retriever_options or {})}
+        self.cache_dir, self.max_batch = cache_dir, max_batch
+        self.few_shot = few_shot
+        self.instruction = {"short": SHORT_INSTRUCTION, "search-r1": INSTRUCTION}.get(instruction, instruction)
+        self.parser = get_component("parser", parser)
+        self.tools = [SearchTool(_LazyBatcher(self), topk)]
+
+    # ------------------------------------------------------------------ data
+
+    @staticmethod
+    def build_data(out_dir: Path | None = None, force: bool = False, progress: Any = None) -> Path:
+        """Build the countryinfo dataset (``rlf data build deepsearch``); returns its directory."""
+        from .data import build
+
+        return build(out_dir, force=force, progress=progress)
+
+    def dataset(self, size: int | None = None, split: str = "train") -> list[dict[str, Any]]:
+        """The first ``size`` samples of ``split`` (``train``, ``validation`` or ``test``;
+        all of them when it has fewer): from ``train_file`` / ``test_file`` when given, else
+        the built countryinfo splits."""
+        path = self.files.get(split)
+        if path is not None:
+            samples = _read_samples(Path(path).expanduser())
+        else:
+            from .data import load_split
+
+            samples = load_split(split, data_dir=self.data_dir)
+        return samples[:size] if size is not None else samples
+
+    def _retriever(self) -> Any:
+        from .retrieval import make_retriever
+
+        if self.retriever_kind == "http":
+            return make_retriever("http", url=self.url, **self.retriever_options)
+        corpus = self.corpus
+        if corpus is None:
+            from .data import default_corpus_path
+
+            corpus = default_corpus_path() if self.data_dir is None else _built_corpus(self.data_dir)
+        from .cli_retriever import default_cache_dir
+
+        return make_retriever(self.retriever_kind, corpus_path=corpus, cache_dir=self.cache_dir or default_cache_dir(),
+                              **self.retriever_options)
+
+    # ------------------------------------------------------------------ episodes
+
+    def _examples(self) -> list[Message]:
+        """The worked examples as a conversation: question, searches and their results in
+        the parser's format, answer."""
+        messages: list[Message] = []
+        for question, searches, answer in EXAMPLES:
+            messages.append(Message(role="user", content=question))
+            for query, passage in searches:
+                call = ToolCall(name="search", arguments={"query": query}, id=f"example-{len(messages)}")
+                messages.append(Message(role="assistant", content=self.parser.format_tool_call(call)))
+                messages += self.parser.render_tool_results(
+                    [ToolResult(name="search", content=format_passages([passage]), call_id=call.id)])
+            messages.append(Message(role="assistant", content=f"<answer>{answer}</answer>"))
+        return messages
+
+    async def reset(self, sample: Sample) -> EnvReset:
+        question = sample.get("question") if hasattr(sample, "get") else None
+        if not question:
+            raise ValueError(f"a deepsearch sample needs a 'question', got keys {sorted(sample)}")
+        messages = [Message(role="system", content=self.instruction)]
+        if self.few_shot:
+            messages += self._examples()
+        messages.append(Message(role="user", content=str(question).strip()))
+        return EnvReset(messages=messages, tools=list(self.tools), state={"searches": 0})
+
+    async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
+        if turn.tool_calls or turn.errors:
+            state["searches"] += len(turn.tool_calls)
+            return EnvStep()  # the rollout shows the passages (or the parse errors)
+        return EnvStep(done=True, final_answer=extract_answer(turn.content))
+
+    async def close(self, state: Any) -> None:
+        """Nothing per episode: the retriever is shared by all of them."""
+
+
+class _LazyBatcher:
+    """Builds the retriever on the first search: constructing the env (config checks,
+    `rlf envs list`) must not load or index a corpus."""
+
+    def __init__(self, env: DeepSearchEnv):
+        self._env = env
+        self._batcher: Any = None
+        self._retriever: Any = None
+
+    async def search(self, query: str, topk: int) -> list[Any]:
+        if self._batcher is None:
+            import asyncio
+
+            from .retrieval import QueryBatcher
+
+            retriever = await asyncio.to_thread(self._env._retriever)
+            if self._batcher is None:
+                self._retriever = retriever
+                self._batcher = QueryBatcher(retriever, max_batch=self._env.max_batch)
+        return await self._batcher.search(query, topk)
+
+    async def close(self) -> None:
+        """Stop the batcher, then the retriever's connections (an HTTP retriever's client)."""
+        if self._batcher is not None:
+            await self._batcher.close()
+            self._batcher = None
+            close = getattr(self._retriever, "aclose", None) or getattr(self._retriever, "close", None)
+            if close is not None:
+                await _maybe_await(close())
+
+
+async def _maybe_await(result: Any) -> None:
+    if hasattr(result, "__await__"):
+        await result
+
+
+def _built_corpus(data_dir: Path) -> Path:
+    from .data import build
+
+    return build(data_dir) / "corpus.jsonl"
+
+
+def _read_samples(path: Path) -> list[dict[str, Any]]:
+    """Samples from Search-R1's parquet or from JSONL rows with a ``question``."""
+    if path.suffix == ".parquet":
+        from .search_r1_format import load_search_r1_parquet
+
+        return load_search_r1_parquet(path)
+    import json
+
+    samples = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError([f"{path}:{line_no}: not JSON ({exc.msg})"]) from None
+            if not isinstance(row, dict) or not row.get("question"):
+                raise ConfigError([f"{path}:{line_no}: a sample needs a 'question'"])
+            row.setdefault("id", f"{path.stem}-{line_no}")
+            samples.append(row)
+    return samples

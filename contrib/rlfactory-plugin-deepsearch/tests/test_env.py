@@ -1,0 +1,224 @@
+"""The deepsearch env and its search_r1 reward: prompt, episode logic, reward values, config."""
+
+from pathlib import Path
+
+import pytest
+
+from rlfactory_core.config import load_config
+from rlfactory_core.errors import ConfigError
+from rlfactory_core.plugins import get_component
+from rlfactory_core.types import Message, ParsedTurn, Segment, ToolCall, ToolResult, Trajectory
+from rlfactory_deepsearch import DeepSearchEnv, SearchR1Reward
+from rlfactory_deepsearch.env import extract_answer, format_passages
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def trajectory(reply, answer, calls=0, parse_errors=0, tool_errors=None):
+    t = Trajectory(sample_id="q", prompt_ids=[1], final_answer=answer)
+    t.messages = [Message("user", "Q?"), Message("assistant", reply)]
+    t.segments = [Segment("model", [5], [-0.1])]
+    t.tool_calls = [ToolCall("search", {"query": "x"}) for _ in range(calls)]
+    t.metadata.update(parse_errors=parse_errors, tool_errors=tool_errors or {})
+    return t
+
+
+@pytest.mark.parametrize("reply, answer, calls, parse_errors, tool_errors, expected", [
+    # right answer, good tags, one valid search: 1 + 0.5 x (0.1 + 0.1)
+    ("<answer>Paris</answer>", "Paris", 1, 0, None, 1.1),
+    # two valid searches are as good as one; a third costs 0.5 f on the tool term
+    ("<answer>Paris</answer>", "Paris", 2, 0, None, 1.1),
+    ("<answer>Paris</answer>", "Paris", 3, 0, None, 1 + 0.5 * (0.1 + 0.05)),
+    # right answer without searching: the tool term is -f
+    ("<answer>Paris</answer>", "Paris", 0, 0, None, 1.0),
+    # wrong answer, good format: the format terms alone
+    ("<answer>Rome</answer>", "Rome", 1, 0, None, 0.2),
+    # one of two calls had invalid arguments: 2 f x 1/2 - f = 0
+    ("<answer>Rome</answer>", "Rome", 2, 0, {"invalid_arguments": 1}, 0.1),
+    # an unparsable call: 1 written, 0 valid -> -f
+    ("<answer>Rome</answer>", "Rome", 0, 1, None, 0.0),
+    # no answer tags: no answer; -f + 0.5 x (-f + f)
+    ("Paris", "", 1, 0, None, -0.1),
+    # nothing right at all: -f + 0.5 x (-f - f)
+    ("hmm", "", 0, 0, None, -0.2),
+])
+async def test_search_r1_reward_values(reply, answer, calls, parse_errors, tool_errors, expected):
+    output = await SearchR1Reward().score(trajectory(reply, answer, calls, parse_errors, tool_errors),
+                                          {"golden_answers": ["Paris", "City of Light"]})
+    assert output.value == pytest.approx(expected)
+    assert output.correct == (answer == "Paris")
+    assert output.components["exact_match"] == float(answer == "Paris")
+
+
+async def test_search_r1_reward_without_gold_answers_does_not_apply():
+    assert await SearchR1Reward().score(trajectory("<answer>x</answer>", "x"), {"question": "?"}) is None
+    with pytest.raises(ValueError, match="format_score"):
+        SearchR1Reward(format_score=2)
+
+
+@pytest.mark.parametrize("text, answer", [
+    ("<answer> Paris </answer>", "Paris"),
+    ("<think>maybe <answer>Rome</answer></think><answer>Paris</answer>", "Paris"),
+    ("first <answer>Rome</answer> then <answer>Paris</answer>", "Paris"),  # the last one counts
+    ("Paris", ""),
+    ("<answer>Paris", ""),
+])
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_passages_are_formatted_as_search_r1_does():
+    text = format_passages(['"France"\nFrance is a country. Its capital is Paris.', '"Paris"\nParis is a city.'])
+    assert text == ('Doc 1(Title: "France") France is a country. Its capital is Paris.\n'
+                    'Doc 2(Title: "Paris") Paris is a city.')
+
+
+async def test_reset_shows_a_worked_example_in_the_parsers_format_then_the_question():
+    env = DeepSearchEnv()
+    reset = await env.reset({"id": "1", "question": "What is the capital of Peru?", "golden_answers": ["Lima"]})
+    roles = [m.role for m in reset.messages]
+    assert roles[0] == "system" and roles[-1] == "user"
+    assert reset.messages[-1].content == "What is the capital of Peru?"
+    example = "\n".join(m.content for m in reset.messages[1:-1])
+    # two worked examples: one search, then two searches; calls and results in the qwen3 format
+    assert '<tool_call>\n{"name": "search", "arguments": {"query": "Norway currency"}}\n</tool_call>' in example
+    assert '{"query": "Asunción capital"}' in example and '{"query": "Paraguay region"}' in example
+    assert example.count("<tool_response>") == 3 and 'Doc 1(Title: "Norway")' in example
+    assert "<answer>Norwegian Krone</answer>" in example and "<answer>Americas</answer>" in example
+    assert [t.name for t in reset.tools] == ["search"]
+    assert (await DeepSearchEnv(few_shot=False).reset({"question": "Q?"})).messages[1:] == [Message("user", "Q?")]
+    with pytest.raises(ValueError, match="needs a 'question'"):
+        await env.reset({"id": "2"})
+
+
+async def test_a_turn_with_a_search_continues_and_a_turn_without_one_ends_with_its_answer():
+    env = DeepSearchEnv()
+    state = (await env.reset({"question": "Q?"})).state
+    call = ToolCall("search", {"query": "capital of Peru"})
+    step = await env.step(state, ParsedTurn(text="<tool_call>...</tool_call>", content="", tool_calls=[call]), [ToolResult("search", "Doc 1...")])
+    assert not step.done and state["searches"] == 1
+    step = await env.step(state, ParsedTurn(text="<answer>Lima</answer>", content="<answer>Lima</answer>"), [])
+    assert step.done and step.final_answer == "Lima"
+    step = await env.step(state, ParsedTurn(text="Lima", content="Lima"), [])  # no tags: no answer, as in Search-R1
+    assert step.done and step.final_answer == ""
+
+
+def test_bad_env_options_are_all_reported():
+    with pytest.raises(ConfigError) as info:
+        DeepSearchEnv(retriever="google", topk=0, corpus="/no/such/corpus.jsonl")
+    assert len(info.value.errors) == 3
+    with pytest.raises(ConfigError, match="needs the retriever server's URL"):
+        DeepSearchEnv(retriever="http")
+
+
+def test_the_env_brings_its_training_and_eval_rewards_and_the_user_can_change_them():
+    config = load_config([], flags={"env": "deepsearch"})
+    assert [r.name for r in config.rewards] == ["search_r1"]
+    assert [r.name for r in config.eval.rewards] == ["exact_match"]
+    assert config.rollout.max_turns == 4
+    changed = load_config([], ["rewards=[{name: exact_match}]", "rollout.max_turns=2"], flags={"env": "deepsearch"})
+    assert [r.name for r in changed.rewards] == ["exact_match"] and changed.rollout.max_turns == 2
+    assert [r.name for r in load_config([]).rewards] == ["exact_match"]  # other envs keep the core default
+
+
+def test_the_gpu_config_file_is_a_valid_config():
+    config = load_config([CONFIGS / "search-r1-qwen3-4b.yaml"])
+    assert (config.env, config.model.name, config.grpo.group_size, config.env_options["retriever"]) == (
+        "deepsearch", "Qwen/Qwen3-4B", 5, "http")
+
+
+def test_registered_through_the_plugin_manager():
+    assert get_component("env", "deepsearch") is DeepSearchEnv
+    assert get_component("reward", "search_r1") is SearchR1Reward
+
+
+# --------------------------------------------------------------------------- with real retrieval
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The countryinfo dataset and a retrieval cache in a temporary home."""
+    root = tmp_path_factory.mktemp("deepsearch")
+    DeepSearchEnv.build_data(root / "data")
+    return root
+
+
+async def _search(env, query):
+    from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+
+    manager = ConcurrentToolManager(env.tools)
+    try:
+        [result] = await manager.call([ToolCall("search", {"query": query}, id="1")])
+    finally:
+        await manager.close()
+    return result
+
+
+async def test_the_search_tool_finds_passages_with_bm25_through_the_tool_manager(built):
+    env = DeepSearchEnv(data_dir=str(built / "data"), cache_dir=str(built / "cache"))
+    result = await _search(env, "capital of Paraguay")
+    assert result.error is None
+    assert result.content.startswith("Doc 1(Title: ") and "Asunción is the capital city of Paraguay" in result.content
+    assert result.content.count("\nDoc ") == 1  # topk 2
+    assert list((built / "cache").iterdir())  # the index is cached on disk
+    assert len(env.dataset(None, "test")) == 329 and len(env.dataset(5, "train")) == 5
+
+
+async def test_the_env_searches_a_search_r1_retriever_server_over_http(built):
+    from rlfactory_deepsearch.retrieval import BM25Retriever
+    from rlfactory_deepsearch.server import RetrieverServer, create_app
+
+    retriever = BM25Retriever(built / "data" / "corpus.jsonl")
+    with RetrieverServer(create_app(retriever, topk=3)) as server:
+        env = DeepSearchEnv(retriever="http", url=server.url + "/retrieve", topk=3, data_dir=str(built / "data"))
+        result = await _search(env, "currency of Norway")
+    assert result.error is None and "Norwegian Krone" in result.content
+    assert result.content.count("Doc ") == 3
+
+
+def test_rlf_data_build_deepsearch(tmp_path):
+    from rlfactory_cli.app import run
+
+    assert run(["data", "build", "deepsearch", "--out", str(tmp_path / "ds")]) == 0
+    assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
+        "corpus.jsonl", "manifest.json", "test.jsonl", "train.jsonl", "validation.jsonl"]
+    assert run(["data", "build", "arithmetic"]) == 1  # an env that does not build data says so
+
+
+@pytest.mark.slow
+def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path):
+    """`rlf train --env deepsearch` on the embedded model (tiny sizes, hf backend), then
+    `rlf eval --model RUN_DIR`: metrics, samples with searches, a checkpoint, a report."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    env_options = f"env_options={{data_dir: {built / 'data'}, cache_dir: {built / 'cache'}}}"
+    common = [env_options, "backend=hf", "data.eval_size=4", "logging.live=off"]
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "deepsearch",
+                                "--run-dir", str(run_dir), *common, "train.steps=1", "grpo.prompts_per_step=2",
+                                "grpo.group_size=2", "eval.save_samples=4"],
+                               stdout=out, stderr=subprocess.STDOUT, timeout=900, env=dict(os.environ))
+    assert code == 0, log.read_text()[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step = records[1]
+    for key in ("reward/search_r1", "reward/search_r1/exact_match", "reward/search_r1/tool_call_format",
+                "eval/reward/exact_match", "eval/reward/accuracy", "tools/calls_per_trajectory"):
+        assert key in step, key
+    assert (run_dir / "checkpoints" / "latest").exists()
+    samples = [json.loads(line) for line in (run_dir / "samples" / "step-000001.jsonl").read_text().splitlines()]
+    assert "Doc 1(Title: " in "".join(s["text"] for s in samples)  # the worked examples at least
+
+    report_dir = tmp_path / "report"
+    with open(tmp_path / "eval.log", "w") as out:
+        code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "eval", "--env", "deepsearch", "--model",
+                                str(run_dir), "--size", "4", "--report", str(report_dir), *common],
+                               stdout=out, stderr=subprocess.STDOUT, timeout=900)
+    assert code == 0, (tmp_path / "eval.log").read_text()[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["split"] == "test" and report["samples"] == 4
+    assert "eval/reward/exact_match" in report["metrics"]
