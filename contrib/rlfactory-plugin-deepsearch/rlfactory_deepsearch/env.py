@@ -21,12 +21,17 @@ the run's ``parser``).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import random
 import re
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.plugins import get_component
+from rlfactory_core.tools import ToolArgumentsError
 from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
 
 __all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages"]
@@ -45,6 +50,8 @@ SHORT_INSTRUCTION = (
     "Answer the question. If you lack knowledge, call the search tool with a short query; it returns "
     "passages. Search as often as you need. Then give only the answer inside <answer> and </answer>."
 )
+
+_INSTRUCTIONS = {"short": SHORT_INSTRUCTION, "search-r1": INSTRUCTION}
 
 #: Worked examples for small models: (question, [(query, passage found)], answer). The
 #: countries are in the training split, so no evaluation answer is given away
@@ -101,7 +108,7 @@ class SearchTool:
     async def call(self, arguments: dict[str, Any], ctx: dict[str, Any] | None = None) -> str:
         query = str(arguments["query"]).strip()
         if not query:
-            raise ValueError("the query is empty; search for a few words")
+            raise ToolArgumentsError("the query is empty; search for a few words")
         hits = await self._batcher.search(query, int(arguments.get("topk") or self.topk))
         return format_passages([hit.document.contents for hit in hits]) if hits else "No passages found."
 
@@ -158,14 +165,21 @@ class DeepSearchEnv:
                  topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool = True,
                  instruction: str = "short",
                  parser: str = "qwen3", max_batch: int = 64, cache_dir: str | None = None):
-        problems = []
-        if retriever not in ("bm25", "dense", "http"):
-            problems.append(f"env_options.retriever: {retriever!r} is not one of bm25, dense, http")
-        if retriever == "http" and not url:
-            problems.append("env_options.url: retriever 'http' needs the retriever server's URL "
-                            "(e.g. http://127.0.0.1:8000/retrieve)")
+        from .retrieval import retriever_option_problems
+
+        defaults = {"k1": 0.5} if retriever == "bm25" else {}
+        self.retriever_options = {**defaults, **(retriever_options or {})}
+        # Every problem now, not at the first search, where it would only reach the model.
+        problems = [f"env_options: {p}" for p in retriever_option_problems(retriever, self.retriever_options, url)]
+        if retriever == "http" and corpus is not None:
+            problems.append("env_options.corpus: the http retriever's server holds the corpus; drop corpus")
         if not 1 <= topk <= 10:
             problems.append(f"env_options.topk: must be between 1 and 10, got {topk}")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            problems.append(f"env_options.max_batch: must be an integer >= 1, got {max_batch!r}")
+        if instruction not in _INSTRUCTIONS and not (isinstance(instruction, str) and " " in instruction.strip()):
+            problems.append(f"env_options.instruction: {instruction!r} is neither one of {', '.join(_INSTRUCTIONS)} "
+                            "nor an instruction text")
         for key, path in (("corpus", corpus), ("train_file", train_file), ("test_file", test_file)):
             if path is not None and not Path(path).expanduser().is_file():
                 problems.append(f"env_options.{key}: no file at {path}")
@@ -175,11 +189,9 @@ class DeepSearchEnv:
         self.corpus = Path(corpus).expanduser() if corpus else None
         self.files = {"train": train_file, "test": test_file}
         self.data_dir = Path(data_dir).expanduser() if data_dir else None
-        defaults = {"k1": 0.5} if retriever == "bm25" else {}
-        self.retriever_options = {**defaults, **(retriever_options or {})}
         self.cache_dir, self.max_batch = cache_dir, max_batch
         self.few_shot = few_shot
-        self.instruction = {"short": SHORT_INSTRUCTION, "search-r1": INSTRUCTION}.get(instruction, instruction)
+        self.instruction = _INSTRUCTIONS.get(instruction, instruction)
         self.parser = get_component("parser", parser)
         self.tools = [SearchTool(_LazyBatcher(self), topk)]
 
@@ -193,16 +205,24 @@ class DeepSearchEnv:
         return build(out_dir, force=force, progress=progress)
 
     def dataset(self, size: int | None = None, split: str = "train") -> list[dict[str, Any]]:
-        """The first ``size`` samples of ``split`` (``train``, ``validation`` or ``test``;
-        all of them when it has fewer): from ``train_file`` / ``test_file`` when given, else
-        the built countryinfo splits."""
+        """``size`` samples of ``split`` (all of them when ``size`` is None or larger): the
+        first ones of the built countryinfo split (``train``, ``validation`` or ``test``,
+        already shuffled), or a fixed random subset of ``train_file`` / ``test_file``."""
         path = self.files.get(split)
         if path is not None:
             samples = _read_samples(Path(path).expanduser())
-        else:
-            from .data import load_split
+            if size is not None and size < len(samples):
+                # Search-R1's files are ordered by source (NQ, then HotpotQA, ...): a fixed
+                # random subset represents them all, the first rows would not.
+                samples = random.Random(f"deepsearch:{split}").sample(samples, size)
+            return samples
+        if any(self.files.values()):
+            given = ", ".join(f"{s}_file" for s, f in self.files.items() if f)
+            raise ConfigError([f"env_options: {given} is set but there is no file for the {split!r} split; give "
+                               f"{split}_file too (the built countryinfo questions do not match your corpus)"])
+        from .data import load_split
 
-            samples = load_split(split, data_dir=self.data_dir)
+        samples = load_split(split, data_dir=self.data_dir)
         return samples[:size] if size is not None else samples
 
     def _retriever(self) -> Any:
@@ -244,11 +264,10 @@ class DeepSearchEnv:
         if self.few_shot:
             messages += self._examples()
         messages.append(Message(role="user", content=str(question).strip()))
-        return EnvReset(messages=messages, tools=list(self.tools), state={"searches": 0})
+        return EnvReset(messages=messages, tools=list(self.tools), state={})
 
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
         if turn.tool_calls or turn.errors:
-            state["searches"] += len(turn.tool_calls)
             return EnvStep()  # the rollout shows the passages (or the parse errors)
         return EnvStep(done=True, final_answer=extract_answer(turn.content))
 
@@ -258,23 +277,32 @@ class DeepSearchEnv:
 
 class _LazyBatcher:
     """Builds the retriever on the first search: constructing the env (config checks,
-    `rlf envs list`) must not load or index a corpus."""
+    `rlf envs list`) must not load or index a corpus. Built once: concurrent first searches
+    wait for the same build, and a search cancelled by its tool timeout does not restart it
+    (the build goes on in its thread and the next search finds it done)."""
 
     def __init__(self, env: DeepSearchEnv):
         self._env = env
         self._batcher: Any = None
         self._retriever: Any = None
+        self._build_lock = threading.Lock()
+
+    def _build_once(self) -> Any:
+        with self._build_lock:
+            if self._retriever is None:
+                self._retriever = self._env._retriever()
+            return self._retriever
 
     async def search(self, query: str, topk: int) -> list[Any]:
         if self._batcher is None:
-            import asyncio
-
             from .retrieval import QueryBatcher
 
-            retriever = await asyncio.to_thread(self._env._retriever)
-            if self._batcher is None:
-                self._retriever = retriever
-                self._batcher = QueryBatcher(retriever, max_batch=self._env.max_batch)
+            retriever = await asyncio.to_thread(self._build_once)
+            if self._batcher is None:  # no await since the check: one batcher
+                # A remote retriever gets two calls in flight, so one round trip hides the next.
+                in_flight = 2 if self._env.retriever_kind == "http" else 1
+                self._batcher = QueryBatcher(retriever, max_batch=self._env.max_batch,
+                                             max_concurrent_batches=in_flight)
         return await self._batcher.search(query, topk)
 
     async def close(self) -> None:
@@ -284,12 +312,9 @@ class _LazyBatcher:
             self._batcher = None
             close = getattr(self._retriever, "aclose", None) or getattr(self._retriever, "close", None)
             if close is not None:
-                await _maybe_await(close())
-
-
-async def _maybe_await(result: Any) -> None:
-    if hasattr(result, "__await__"):
-        await result
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
 
 
 def _built_corpus(data_dir: Path) -> Path:
@@ -317,6 +342,8 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
                 raise ConfigError([f"{path}:{line_no}: not JSON ({exc.msg})"]) from None
             if not isinstance(row, dict) or not row.get("question"):
                 raise ConfigError([f"{path}:{line_no}: a sample needs a 'question'"])
+            if not any(row.get(key) for key in ("golden_answers", "answers", "answer")):
+                raise ConfigError([f"{path}:{line_no}: a sample needs its gold answers ('golden_answers': [...])"])
             row.setdefault("id", f"{path.stem}-{line_no}")
             samples.append(row)
     return samples

@@ -49,6 +49,7 @@ from rlfactory_core.errors import ConfigError, RLFactoryError, one_line
 __all__ = [
     "Document",
     "Hit",
+    "retriever_option_problems",
     "Retriever",
     "read_corpus",
     "corpus_fingerprint",
@@ -505,7 +506,7 @@ class DenseRetriever:
         self.documents = _as_documents(corpus)
         self.encoder = encoder
         self.batch_size = batch_size
-        is_e5 = "e5" in encoder.lower()
+        is_e5 = "e5" in Path(encoder).name.lower()  # the model's name, not a directory above it
         self.query_prefix = query_prefix if query_prefix is not None else ("query: " if is_e5 else "")
         self.passage_prefix = passage_prefix if passage_prefix is not None else ("passage: " if is_e5 else "")
         model_path, model_identity = _resolve_encoder(encoder)
@@ -931,6 +932,35 @@ class QueryBatcher:
 # -- construction from config -------------------------------------------------------------
 
 
+_RETRIEVER_CLASSES: dict[str, Any] = {"bm25": BM25Retriever, "dense": DenseRetriever, "http": HTTPRetriever}
+_RETRIEVER_OPTIONS = {"bm25": ("stemmer", "k1", "b"),
+                      "dense": ("encoder", "device", "query_prefix", "passage_prefix", "batch_size"),
+                      "http": ("timeout_s", "max_connections")}
+
+
+def retriever_option_problems(kind: str, options: dict[str, Any], url: str | None = None) -> list[str]:
+    """Problems with the options of the ``kind`` retriever (and, for ``http``, its
+    ``url``), found without building anything: what an env checks when it is configured."""
+    if kind not in _RETRIEVER_OPTIONS:
+        return [f"retriever kind must be one of {', '.join(RETRIEVER_KINDS)}, got {kind!r}"]
+    names = _RETRIEVER_OPTIONS[kind]
+    problems: list[str] = []
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        problems.append(f"{kind} retriever has no option {', '.join(map(repr, unknown))} "
+                        f"(its options: {', '.join(names)})")
+    problems.extend(_RETRIEVER_CLASSES[kind].check_options(**{k: v for k, v in options.items() if k in names}))
+    if kind == "http":
+        if url is None:
+            problems.append("the http retriever needs url (e.g. 'http://127.0.0.1:8000/retrieve')")
+        else:
+            try:
+                _retrieve_url(url)
+            except ConfigError as exc:
+                problems.extend(e.removeprefix("http retriever: ") for e in exc.errors)
+    return problems
+
+
 def make_retriever(kind: str, corpus_path: str | os.PathLike | None = None, url: str | None = None,
                    cache_dir: str | os.PathLike | None = None, **options: Any) -> Retriever:
     """Build the retriever ``kind`` (``"bm25"``, ``"dense"`` or ``"http"``).
@@ -941,26 +971,11 @@ def make_retriever(kind: str, corpus_path: str | os.PathLike | None = None, url:
     ``passage_prefix``, ``batch_size``; http: ``timeout_s``, ``max_connections``).
     Every problem is reported at once in one :class:`ConfigError`.
     """
-    classes = {"bm25": BM25Retriever, "dense": DenseRetriever, "http": HTTPRetriever}
-    option_names = {"bm25": ("stemmer", "k1", "b"),
-                    "dense": ("encoder", "device", "query_prefix", "passage_prefix", "batch_size"),
-                    "http": ("timeout_s", "max_connections")}
-    problems: list[str] = []
-    if kind not in classes:
+    if kind not in _RETRIEVER_CLASSES:
         raise ConfigError([f"retriever kind must be one of {', '.join(RETRIEVER_KINDS)}, got {kind!r}"])
-    unknown = sorted(set(options) - set(option_names[kind]))
-    if unknown:
-        problems.append(f"{kind} retriever has no option {', '.join(map(repr, unknown))} "
-                        f"(its options: {', '.join(option_names[kind])})")
-    problems.extend(classes[kind].check_options(**{k: v for k, v in options.items() if k in option_names[kind]}))
+    classes = _RETRIEVER_CLASSES
+    problems = retriever_option_problems(kind, options, url)
     if kind == "http":
-        if url is None:
-            problems.append("the http retriever needs url (e.g. 'http://127.0.0.1:8000/retrieve')")
-        else:
-            try:
-                _retrieve_url(url)
-            except ConfigError as exc:
-                problems.extend(e.removeprefix("http retriever: ") for e in exc.errors)
         if corpus_path is not None:
             problems.append("corpus_path is for the bm25 and dense retrievers; the http retriever's server has the corpus")
     else:
@@ -976,3 +991,4 @@ def make_retriever(kind: str, corpus_path: str | os.PathLike | None = None, url:
     if kind == "http":
         return HTTPRetriever(url, **options)  # type: ignore[arg-type]
     return classes[kind](Path(corpus_path).expanduser(), cache_dir=cache_dir, **options)  # type: ignore[arg-type]
+

@@ -12,14 +12,16 @@ The values are those of RL-Factory's Search-R1 reproduction (``envs/search.py``,
 * with ``s = a + c``: a correct answer (exact match against any gold answer, SQuAD
   normalisation) scores ``1 + 0.5 s``; a wrong one ``s``; no answer at all ``-f + 0.5 s``.
 
-So the best score is 1.1 (right answer, good format, one or two valid searches) and the
-worst -0.25. Validation uses plain ``exact_match`` (0 or 1): the env's
+So the best score is 1.1 (right answer, good format, one or two valid searches); a wrong
+answer scores at least -0.25 and no answer at least -0.225. Validation uses plain ``exact_match`` (0 or 1): the env's
 ``config_defaults`` set ``eval.rewards`` to it.
 
-Two deliberate differences from RL-Factory's code: its answer-tag check only tracked
-``<tool_call>`` tags, so every answer passed it; here the tags are checked (exactly one
-non-empty pair, opened before closed, ``<think>`` aside). And tool calls are counted from
-the parser's results (calls and parse errors) instead of re-parsing the text as JSON.
+Deliberate differences from RL-Factory's code: its answer-tag check only tracked
+``<tool_call>`` tags, so every answer passed it; here the tags of the last turn are checked
+(exactly one non-empty pair, opened before closed, ``<think>`` aside). Tool calls are counted
+from the parser's results (calls and parse errors) instead of re-parsing the text as JSON:
+badly nested ``<tool_call>`` tags (RL-Factory's separate ``-0.5 f``) are parse errors here,
+and a call of an unknown tool or with invalid arguments is invalid.
 """
 
 from __future__ import annotations

@@ -96,19 +96,38 @@ async def test_a_turn_with_a_search_continues_and_a_turn_without_one_ends_with_i
     state = (await env.reset({"question": "Q?"})).state
     call = ToolCall("search", {"query": "capital of Peru"})
     step = await env.step(state, ParsedTurn(text="<tool_call>...</tool_call>", content="", tool_calls=[call]), [ToolResult("search", "Doc 1...")])
-    assert not step.done and state["searches"] == 1
+    assert not step.done
     step = await env.step(state, ParsedTurn(text="<answer>Lima</answer>", content="<answer>Lima</answer>"), [])
     assert step.done and step.final_answer == "Lima"
     step = await env.step(state, ParsedTurn(text="Lima", content="Lima"), [])  # no tags: no answer, as in Search-R1
     assert step.done and step.final_answer == ""
 
 
-def test_bad_env_options_are_all_reported():
+def test_bad_env_options_are_all_reported_when_the_env_is_built():
     with pytest.raises(ConfigError) as info:
-        DeepSearchEnv(retriever="google", topk=0, corpus="/no/such/corpus.jsonl")
-    assert len(info.value.errors) == 3
-    with pytest.raises(ConfigError, match="needs the retriever server's URL"):
+        DeepSearchEnv(retriever="google", topk=0, corpus="/no/such/corpus.jsonl", instruction="search_r1")
+    assert len(info.value.errors) == 4
+    with pytest.raises(ConfigError) as info:  # the retriever's own options are checked now, not at a search
+        DeepSearchEnv(retriever_options={"k": 0.5, "b": 2}, max_batch=0)
+    assert [e.split(":")[1].strip() for e in info.value.errors][:2] == ["bm25 retriever has no option 'k' (its options",
+                                                                         "b must be a number in [0, 1], got 2"]
+    assert "max_batch" in info.value.errors[-1]
+    with pytest.raises(ConfigError, match="the http retriever needs url"):
         DeepSearchEnv(retriever="http")
+    assert DeepSearchEnv(instruction="Answer briefly. Search first.").instruction == "Answer briefly. Search first."
+
+
+def test_given_files_are_not_mixed_with_the_built_splits(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"question": "Q1?", "golden_answers": ["a"]}\n{"question": "Q2?", "golden_answers": ["b"]}\n')
+    env = DeepSearchEnv(train_file=str(train))
+    assert [s["question"] for s in env.dataset(None, "train")] == ["Q1?", "Q2?"]
+    with pytest.raises(ConfigError, match="no file for the 'test' split"):
+        env.dataset(4, "test")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "Q?"}\n')
+    with pytest.raises(ConfigError, match="needs its gold answers"):
+        DeepSearchEnv(train_file=str(bad)).dataset(None, "train")
 
 
 def test_the_env_brings_its_training_and_eval_rewards_and_the_user_can_change_them():
