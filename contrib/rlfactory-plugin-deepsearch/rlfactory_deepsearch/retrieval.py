@@ -45,11 +45,13 @@ from typing import Any, Protocol, Sequence, Union, runtime_checkable
 from urllib.parse import urlsplit
 
 from rlfactory_core.errors import ConfigError, RLFactoryError, one_line
+from rlfactory_core.tools import TransientToolError
 
 __all__ = [
     "Document",
     "Hit",
     "retriever_option_problems",
+    "RetrieverUnavailable",
     "Retriever",
     "read_corpus",
     "corpus_fingerprint",
@@ -605,6 +607,11 @@ def _retrieve_url(url: Any) -> str:
     return url if url.endswith("/retrieve") else url + "/retrieve"
 
 
+class RetrieverUnavailable(RLFactoryError, TransientToolError):
+    """The retriever server did not answer (unreachable, timed out, HTTP 5xx): worth a retry,
+    which the tool manager makes (``TransientToolError``) before the model sees an error."""
+
+
 class HTTPRetriever:
     """A client of a retriever server speaking Search-R1's API (``rlf retriever serve``,
     or Search-R1's own ``retrieval_server.py``).
@@ -704,10 +711,10 @@ class HTTPRetriever:
 
     def _unreachable(self, exc: Exception) -> RLFactoryError:
         if isinstance(exc, self._httpx.TimeoutException):
-            return RLFactoryError(f"retriever server {self.url} did not answer within {self.timeout_s:g} s",
-                                  hint="the server may be overloaded; raise timeout_s or check the server")
-        return RLFactoryError(f"retriever server {self.url} is unreachable: {one_line(exc)}",
-                              hint="start one with `rlf retriever serve`, or fix the URL")
+            return RetrieverUnavailable(f"retriever server {self.url} did not answer within {self.timeout_s:g} s",
+                                        hint="the server may be overloaded; raise timeout_s or check the server")
+        return RetrieverUnavailable(f"retriever server {self.url} is unreachable: {one_line(exc)}",
+                                    hint="start one with `rlf retriever serve`, or fix the URL")
 
     def _parse(self, response: Any, n_queries: int) -> list[list[Hit]]:
         if response.status_code != 200:
@@ -716,8 +723,10 @@ class HTTPRetriever:
             except (ValueError, AttributeError):
                 detail = response.text
             first_line = next((line.strip() for line in detail.splitlines() if line.strip()), "(empty body)")
-            raise RLFactoryError(f"retriever server {self.url} answered HTTP {response.status_code}: "
-                                 f"{first_line[:200]}", hint="see the server's log")
+            # A server error may pass (a restart, an overload); a client error will not.
+            error = RetrieverUnavailable if response.status_code >= 500 else RLFactoryError
+            raise error(f"retriever server {self.url} answered HTTP {response.status_code}: "
+                        f"{first_line[:200]}", hint="see the server's log")
         try:
             payload = response.json()
         except ValueError:

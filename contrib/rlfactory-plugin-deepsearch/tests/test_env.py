@@ -241,3 +241,15 @@ def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path):
     report = json.loads((report_dir / "report.json").read_text())
     assert report["split"] == "test" and report["samples"] == 4
     assert "eval/reward/exact_match" in report["metrics"]
+
+
+async def test_an_unreachable_retriever_server_is_retried_then_reported_to_the_model(built):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = DeepSearchEnv(retriever="http", url=f"http://127.0.0.1:{port}/retrieve", data_dir=str(built / "data"))
+    result = await _search(env, "capital of Peru")
+    assert result.error is not None and "unreachable" in result.content
+    assert result.metadata["attempts"] == 3  # the tool manager's 2 retries of a transient failure
