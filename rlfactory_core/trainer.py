@@ -58,12 +58,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import math
 import os
 import random
 import signal
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -577,6 +580,15 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
     return out
 
 
+def _return_freed_memory() -> None:
+    """Give the memory an update freed back to the OS (glibc keeps freed pages otherwise,
+    and RSS only grows); a no-op where libc has no ``malloc_trim``."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 # --------------------------------------------------------------------------- rollout helpers
 
 
@@ -707,6 +719,10 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         reference.config._attn_implementation = _attn_implementation(config, device)  # noqa: SLF001
         reference.requires_grad_(False)
     packed = _use_packing(config, _attn_implementation(config, device))
+    # Every update on one thread: glibc gives each thread its own malloc arena, and the
+    # gigabytes an update frees would otherwise stay behind in whichever arena the executor's
+    # thread of the moment used (a deepsearch run grew ~3 GB a step and was OOM-killed).
+    train_thread = ThreadPoolExecutor(1, thread_name_prefix="rlf-train")
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.train.lr,
                                   betas=tuple(config.train.betas), weight_decay=config.train.weight_decay)
     scheduler = _scheduler(optimizer, config)
@@ -780,8 +796,12 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 view.phase("train")
                 t = time.perf_counter()
                 batch = _build_batch(trajectories, totals, config, pad_id)
-                train_stats = await asyncio.to_thread(_update_policy, policy, reference, optimizer, batch, config,
-                                                      step=step, packed=packed)
+                train_stats = await asyncio.get_running_loop().run_in_executor(
+                    train_thread, functools.partial(_update_policy, policy, reference, optimizer, batch, config,
+                                                    step=step, packed=packed))
+                sequence_advantages, batch_tokens = batch["sequence_advantages"], float(batch["attention_mask"].sum())
+                del batch
+                _return_freed_memory()
                 scheduler.step()
                 state["position"] += len(indices)
                 times["time/train"] = time.perf_counter() - t
@@ -796,7 +816,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics = scored.metrics("reward")
                 groups = [totals[i:i + G] for i in range(0, len(totals), G)]
                 metrics["reward/constant_groups"] = sum(1 for grp in groups if max(grp) == min(grp)) / len(groups)
-                adv = batch["sequence_advantages"]
+                adv = sequence_advantages
                 metrics.update({"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std()),
                                 "advantage/max": float(adv.max()), "advantage/min": float(adv.min())})
                 metrics.update(train_stats)
@@ -811,7 +831,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics["throughput/rollout_tokens_per_s"] = (
                     metrics["rollout/model_tokens_mean"] * n / max(times["time/rollout"], 1e-9))
                 metrics["throughput/train_tokens_per_s"] = (
-                    float(batch["attention_mask"].sum()) * config.grpo.epochs / max(times["time/train"], 1e-9))
+                    batch_tokens * config.grpo.epochs / max(times["time/train"], 1e-9))
                 if task.offers_tools and config.logging.no_tool_call_warning and metrics["rollout/tool_calls"] == 0:
                     view.message(f"warning: step {step}: the model made no tool call in "
                                  f"{n} trajectories although the env offers tools; check the parser "
@@ -855,6 +875,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     finally:
         notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
         logger.close()
+        train_thread.shutdown(wait=True)
         await backend.close()
         await task.close_rewards()
         with contextlib.suppress(Exception):

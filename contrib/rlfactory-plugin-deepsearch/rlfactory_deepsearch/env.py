@@ -154,7 +154,7 @@ class DeepSearchEnv:
         "eval": {"rewards": [{"name": "exact_match"}], "every": 5, "temperature": 0.0},
         "rollout": {"max_turns": 4, "max_tokens_per_turn": 40, "max_trajectory_tokens": 1536,
                     "sampling": {"temperature": 0.8}},
-        "grpo": {"group_size": 8, "prompts_per_step": 4, "micro_batch_tokens": 4096},
+        "grpo": {"group_size": 8, "prompts_per_step": 4},
         "train": {"steps": 20, "lr": 1e-5},
         "data": {"eval_size": 100},
         "checkpoint": {"every": 5},
