@@ -67,9 +67,9 @@ def token_f1(prediction: str, gold: str) -> float:
 class ExactMatchReward:
     """1.0 when the trajectory's final answer equals one of the sample's gold answers after
     SQuAD normalisation (numbers compare as numbers), else 0.0; it also marks the answer
-    correct or not (``reward/accuracy``). Gold answers: ``sample[answer_key]``, else
-    ``answers`` / ``golden_answers``, a string or a list. A sample with none: the reward
-    does not apply (None)."""
+    correct or not (``reward/accuracy``). Gold answers: those of ``sample[answer_key]``,
+    ``answers`` and ``golden_answers`` together (:func:`gold_answers`), each a string or a
+    list. A sample with none: the reward does not apply (None)."""
 
     name = "exact_match"
     description = "1 if the final answer matches one of the sample's answers (SQuAD-normalised), else 0."
