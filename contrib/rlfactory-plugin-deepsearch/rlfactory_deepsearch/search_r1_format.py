@@ -57,7 +57,7 @@ SEARCH_R1_PREFIX = (
 _QUESTION_MARKER = "Question:"
 _PARQUET_HINT = ("a Search-R1 file has 'prompt' or 'question', and 'reward_model' (ground_truth.target) or "
                  "'golden_answers'; see Search-R1's scripts/data_process/nq_search.py")
-_CORPUS_HINT = 'each line must be a JSON object {"id": "...", "contents": "\\"Title\\"\\ntext"} (wiki-18 format)'
+CORPUS_HINT = 'each line must be a JSON object {"id": "...", "contents": "\\"Title\\"\\ntext"} (wiki-18 format)'
 
 
 # --------------------------------------------------------------------------- questions
@@ -272,20 +272,21 @@ def check_corpus_row(row: Any, line_no: int, source: str | os.PathLike | None = 
     """
     where = f"{source}:{line_no}" if source is not None else f"line {line_no}"
     if not isinstance(row, dict):
-        raise RLFactoryError(f"{where}: expected a JSON object, got {type(row).__name__}", hint=_CORPUS_HINT)
+        raise RLFactoryError(f"{where}: expected a JSON object, got {type(row).__name__}", hint=CORPUS_HINT)
     passage_id, contents = row.get("id"), row.get("contents")
     if isinstance(passage_id, int) and not isinstance(passage_id, bool):
         passage_id = str(passage_id)
     if not isinstance(passage_id, str) or not passage_id:
-        raise RLFactoryError(f"{where}: 'id' must be a non-empty string, got {passage_id!r}", hint=_CORPUS_HINT)
+        raise RLFactoryError(f"{where}: 'id' must be a non-empty string, got {passage_id!r}", hint=CORPUS_HINT)
     if not isinstance(contents, str):
-        raise RLFactoryError(f"{where}: 'contents' must be a string, got {contents!r}", hint=_CORPUS_HINT)
+        raise RLFactoryError(f"{where}: 'contents' must be a string, got {contents!r}", hint=CORPUS_HINT)
     return passage_id
 
 
-def iter_wiki_corpus(path: str | os.PathLike) -> Iterator[dict[str, str]]:
+def iter_wiki_corpus(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Stream a wiki-18 corpus (``.jsonl`` or ``.jsonl.gz``): ``{"id", "contents", "title",
-    "text"}`` per passage, blank lines skipped, each row checked by :func:`check_corpus_row`."""
+    "text", "line"}`` per passage (``line``: its line number, for errors), blank lines
+    skipped, each row checked by :func:`check_corpus_row`."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise RLFactoryError(f"corpus file {path} does not exist",
@@ -298,7 +299,7 @@ def iter_wiki_corpus(path: str | os.PathLike) -> Iterator[dict[str, str]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise RLFactoryError(f"{path}:{line_no}: not valid JSON ({exc.msg})", hint=_CORPUS_HINT) from None
+                raise RLFactoryError(f"{path}:{line_no}: not valid JSON ({exc.msg})", hint=CORPUS_HINT) from None
             passage_id = check_corpus_row(row, line_no, path)
             title, text = split_title(row["contents"])
-            yield {"id": passage_id, "contents": row["contents"], "title": title, "text": text}
+            yield {"id": passage_id, "contents": row["contents"], "title": title, "text": text, "line": line_no}
