@@ -38,6 +38,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--eval-every", type=int, default=None, help="default: 4 (the env's own for deepsearch)")
     parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--run-dir", default=None, help="keep the run here (default: a temporary directory)")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value (e.g. env_options=...)")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="rlf-learning-")) / "run"
     common = [f"backend={args.backend}", "logging.live=off", f"run_dir={run_dir}", "eval.save_samples=8"]
@@ -52,7 +53,7 @@ def main(argv: list[str]) -> None:
     else:
         overrides = [f"train.steps={args.steps}"] * bool(args.steps) + [f"eval.every={args.eval_every}"] * bool(
             args.eval_every)
-    config = load_config([], [*common, *overrides], flags={"env": args.env})
+    config = load_config([], [*common, *overrides, *args.overrides], flags={"env": args.env})
     started = time.perf_counter()
     train(config)
     minutes = (time.perf_counter() - started) / 60

@@ -52,6 +52,8 @@ SHORT_INSTRUCTION = (
 )
 
 _INSTRUCTIONS = {"short": SHORT_INSTRUCTION, "search-r1": INSTRUCTION}
+#: What ``require_search`` says to an answer given before any search.
+SEARCH_FIRST = "Search first: call the search tool to find the answer, then answer inside <answer> and </answer>."
 
 #: Worked examples for small models: (question, [(query, passage found)], answer). The
 #: countries are in the training split, so no evaluation answer is given away
@@ -141,6 +143,9 @@ class DeepSearchEnv:
         (Search-R1's wording) or any text.
     :param parser: the parser that renders the example's tool calls (the run's parser).
     :param max_batch: searches of concurrent trajectories grouped into one retrieval call.
+    :param require_search: an answer given before any search is sent back with "search
+        first" (once per episode) instead of ending the episode. Off by default, as in
+        Search-R1; for small models that otherwise learn to answer from memory.
     """
 
     name = "deepsearch"
@@ -164,7 +169,8 @@ class DeepSearchEnv:
                  train_file: str | None = None, test_file: str | None = None, data_dir: str | None = None,
                  topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool = True,
                  instruction: str = "short",
-                 parser: str = "qwen3", max_batch: int = 64, cache_dir: str | None = None):
+                 parser: str = "qwen3", max_batch: int = 64, cache_dir: str | None = None,
+                 require_search: bool = False):
         from .retrieval import retriever_option_problems
 
         defaults = {"k1": 0.5} if retriever == "bm25" else {}
@@ -191,6 +197,7 @@ class DeepSearchEnv:
         self.data_dir = Path(data_dir).expanduser() if data_dir else None
         self.cache_dir, self.max_batch = cache_dir, max_batch
         self.few_shot = few_shot
+        self.require_search = require_search
         self.instruction = _INSTRUCTIONS.get(instruction, instruction)
         self.parser = get_component("parser", parser)
         self.tools = [SearchTool(_LazyBatcher(self), topk)]
@@ -264,11 +271,15 @@ class DeepSearchEnv:
         if self.few_shot:
             messages += self._examples()
         messages.append(Message(role="user", content=str(question).strip()))
-        return EnvReset(messages=messages, tools=list(self.tools), state={})
+        return EnvReset(messages=messages, tools=list(self.tools), state={"searches": 0, "reminded": False})
 
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
         if turn.tool_calls or turn.errors:
+            state["searches"] += sum(1 for result in results if result.ok)
             return EnvStep()  # the rollout shows the passages (or the parse errors)
+        if self.require_search and not state["searches"] and not state["reminded"]:
+            state["reminded"] = True
+            return EnvStep(observation=[Message(role="user", content=SEARCH_FIRST)])
         return EnvStep(done=True, final_answer=extract_answer(turn.content))
 
     async def close(self, state: Any) -> None:

@@ -253,3 +253,17 @@ async def test_an_unreachable_retriever_server_is_retried_then_reported_to_the_m
     result = await _search(env, "capital of Peru")
     assert result.error is not None and "unreachable" in result.content
     assert result.metadata["attempts"] == 3  # the tool manager's 2 retries of a transient failure
+
+
+async def test_require_search_sends_an_answer_without_a_search_back_once():
+    env = DeepSearchEnv(require_search=True)
+    state = (await env.reset({"question": "Q?"})).state
+    step = await env.step(state, ParsedTurn(text="<answer>Lima</answer>", content="<answer>Lima</answer>"), [])
+    assert not step.done and "Search first" in step.observation[0].content
+    step = await env.step(state, ParsedTurn(text="<answer>Lima</answer>", content="<answer>Lima</answer>"), [])
+    assert step.done and step.final_answer == "Lima"  # reminded once; then the answer stands
+    searched = (await env.reset({"question": "Q?"})).state
+    call = ToolCall("search", {"query": "Peru capital"})
+    await env.step(searched, ParsedTurn(text="...", content="", tool_calls=[call]), [ToolResult("search", "Doc 1...")])
+    step = await env.step(searched, ParsedTurn(text="<answer>Lima</answer>", content="<answer>Lima</answer>"), [])
+    assert step.done  # a search happened: the answer ends the episode
