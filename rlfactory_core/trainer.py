@@ -76,7 +76,7 @@ from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
 from .plugins import notify
 
-__all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples"]
+__all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples", "read_jsonl_samples"]
 
 
 class TrainingInterrupted(RLFactoryError):
@@ -142,29 +142,36 @@ def _build_task(config: RunConfig) -> _Task:
                  offers_tools=bool(tools))
 
 
-def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> list[dict[str, Any]]:
-    """Samples of ``split`` from the config's JSONL file, else the env's own ``dataset``."""
+def read_jsonl_samples(path: str | os.PathLike[str], id_prefix: str) -> list[dict[str, Any]]:
+    """Samples from a JSONL file, one JSON object a line (blank lines skipped); a row without
+    an ``id`` gets ``<id_prefix>-<line>``. A bad line raises :class:`ConfigError` naming it."""
     import json
 
+    samples = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError([f"cannot read the samples file {str(path)!r}: {exc}"]) from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError([f"{path}:{number}: not valid JSON ({exc.msg})"],
+                              hint="one JSON object per line") from exc
+        if not isinstance(row, dict):
+            raise ConfigError([f"{path}:{number}: a sample must be a JSON object, got {type(row).__name__}"])
+        row.setdefault("id", f"{id_prefix}-{number}")
+        samples.append(row)
+    return samples
+
+
+def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> list[dict[str, Any]]:
+    """Samples of ``split`` from the config's JSONL file, else the env's own ``dataset``."""
     path = config.data.train_file if split == "train" else config.data.eval_file
     if path:
-        samples = []
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConfigError([f"data.{split if split == 'train' else 'eval'}_file: cannot read {path!r}: {exc}"]) from exc
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError([f"{path}:{number}: not valid JSON ({exc.msg})"],
-                                  hint="one JSON object per line") from exc
-            if not isinstance(row, dict):
-                raise ConfigError([f"{path}:{number}: a sample must be a JSON object, got {type(row).__name__}"])
-            row.setdefault("id", f"{split}-{number}")
-            samples.append(row)
+        samples = read_jsonl_samples(path, split)
         return samples[:size] if size else samples
     if not hasattr(env, "dataset"):
         raise ConfigError([f"data.{'train' if split == 'train' else 'eval'}_file: the {config.env!r} env has no "

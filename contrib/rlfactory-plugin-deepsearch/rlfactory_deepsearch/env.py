@@ -340,21 +340,13 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
         from .search_r1_format import load_search_r1_parquet
 
         return load_search_r1_parquet(path)
-    import json
+    from rlfactory_core.trainer import read_jsonl_samples
 
-    samples = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError([f"{path}:{line_no}: not JSON ({exc.msg})"]) from None
-            if not isinstance(row, dict) or not row.get("question"):
-                raise ConfigError([f"{path}:{line_no}: a sample needs a 'question'"])
-            if not any(row.get(key) for key in ("golden_answers", "answers", "answer")):
-                raise ConfigError([f"{path}:{line_no}: a sample needs its gold answers ('golden_answers': [...])"])
-            row.setdefault("id", f"{path.stem}-{line_no}")
-            samples.append(row)
+    samples = read_jsonl_samples(path, path.stem)
+    for number, row in enumerate(samples, 1):
+        if not row.get("question"):
+            raise ConfigError([f"{path}: sample {number} ({row['id']}) needs a 'question'"])
+        if not any(row.get(key) for key in ("golden_answers", "answers", "answer")):
+            raise ConfigError([f"{path}: sample {number} ({row['id']}) needs its gold answers "
+                               "('golden_answers': [...])"])
     return samples
