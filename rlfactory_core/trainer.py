@@ -60,6 +60,7 @@ import asyncio
 import contextlib
 import ctypes
 import functools
+import inspect
 import math
 import os
 import random
@@ -125,13 +126,27 @@ def _build_task(config: RunConfig) -> _Task:
     from .rewards import build_reward_layer
 
     env_cls = get_component("env", config.env)
+    env_options = dict(config.env_options)
+    if "parser" in inspect.signature(env_cls).parameters:
+        # An env that writes tool calls itself (worked examples) must write them the way the
+        # run's parser reads them: it gets the run's parser unless it is told otherwise.
+        chosen = env_options.setdefault("parser", config.parser)
+        if chosen != config.parser:
+            raise ConfigError([f"env_options.parser is {chosen!r} but the run's parser is {config.parser!r}: the "
+                               f"env would show the model tool calls the parser cannot read; drop "
+                               f"env_options.parser (the env then uses the run's parser)"])
     try:
-        env = env_cls(**config.env_options)
+        env = env_cls(**env_options)
     except TypeError as exc:
         raise ConfigError([f"env_options: the {config.env!r} env does not take these options ({one_line(exc)})"]) from exc
     parser = get_component("parser", config.parser)
     manager_cls = get_component("tool_manager", config.tool_manager.name)
     tools = list(getattr(env, "tools", []) or [])
+    try:  # e.g. a parser made for one tool (search_r1) and an env with others
+        parser.render_system_prompt("", tools)
+    except Exception as exc:  # noqa: BLE001 - any refusal is a config problem, reported now
+        raise ConfigError([f"parser: {config.parser!r} cannot show the model the {config.env!r} env's tools "
+                           f"({one_line(exc)})"]) from exc
     try:
         tool_manager = manager_cls(tools, **config.tool_manager.options)
     except TypeError as exc:

@@ -266,6 +266,29 @@ async def test_env_failures_end_only_their_trajectory_and_close_is_always_called
         assert env.closed == env.opened
 
 
+class OneToolParser:
+    """A parser that can present only a tool called "search" (like the search_r1 parser)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def render_system_prompt(self, system_prompt, tools):
+        if any(tool.name != "search" for tool in tools):
+            raise ValueError("only the search tool can be called in this format")
+        return system_prompt
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_parser_that_cannot_present_the_tools_ends_only_that_episode(backend, chat, parser):
+    env = CountingEnv()
+    trajectories = await run(env, backend, chat, OneToolParser(parser), env.dataset(2))
+    assert {t.stop_reason for t in trajectories} == {"env_error"}
+    assert all("could not present the tools: ValueError: only the search tool" in t.metadata["error"] for t in trajectories)
+    assert env.closed == env.opened == 2
+
+
 async def test_cancelling_a_rollout_closes_every_episode(backend, chat, parser):
     started = asyncio.Event()
 

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from rlfactory_core import trainer as T
+from rlfactory_core.errors import ConfigError
 from rlfactory_core.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlfactory_core.config import load_config
 from rlfactory_core.hookspecs import hookimpl
@@ -464,3 +465,67 @@ def test_an_env_dataset_without_splits_is_refused_not_reused_for_eval():
     config = load_config([], [])
     with pytest.raises(Exception, match="has no split"):
         T.load_samples(config, NoSplits(), "test", 4)
+
+
+class _EnvWithExamples:
+    """An env that writes tool calls into its prompt, so it takes the run's ``parser``."""
+
+    name = "with_examples"
+    description = "test env"
+
+    def __init__(self, parser: str = "none"):
+        self.parser_name = parser
+        self.tools = [_NamedTool("lookup")]
+
+    async def reset(self, sample): ...
+
+    async def step(self, state, turn, results): ...
+
+    async def close(self, state): ...
+
+
+class _NamedTool:
+    description, parameters = "a tool", {"type": "object", "properties": {}}
+
+    def __init__(self, name):
+        self.name = name
+
+    async def call(self, arguments, ctx=None):
+        return "ok"
+
+
+class _SearchOnlyParser:
+    name = "search_only"
+    description = "presents only a tool named search"
+
+    def render_system_prompt(self, system_prompt, tools):
+        if any(tool.name != "search" for tool in tools):
+            raise ValueError("only the search tool can be called in this format")
+        return system_prompt
+
+    def parse(self, text): ...
+
+    def render_tool_results(self, results): ...
+
+
+def test_an_env_that_takes_a_parser_gets_the_runs_and_a_parser_that_cannot_show_its_tools_is_refused():
+    from rlfactory_core import hookimpl
+    from rlfactory_core.testing import registered_plugin
+
+    class Plugin:
+        @hookimpl
+        def rlfactory_register_envs(self, register):
+            register(_EnvWithExamples)
+
+        @hookimpl
+        def rlfactory_register_parsers(self, register):
+            register(_SearchOnlyParser())
+
+    with registered_plugin(Plugin()):
+        task = T._build_task(load_config([], ["env=with_examples"]))
+        assert task.env.parser_name == "qwen3" and task.parser.name == "qwen3"
+        with pytest.raises(ConfigError, match="env_options.parser is 'other' but the run's parser is 'qwen3'"):
+            T._build_task(load_config([], ["env=with_examples", "env_options={parser: other}"]))
+        with pytest.raises(ConfigError, match="parser: 'search_only' cannot show the model the 'with_examples' "
+                                              "env's tools \\(ValueError: only the search tool"):
+            T._build_task(load_config([], ["env=with_examples", "parser=search_only"]))

@@ -406,3 +406,22 @@ async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokeni
         assert report.ok, report.describe()
         model_ids = [i for s in trajectory.segments if s.kind == "model" for i in s.token_ids]
         assert batch["input_ids"][row][batch["loss_mask"][row].bool()].tolist() == model_ids
+
+
+def test_staging_directories_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    from rlfactory_core.rollout.vllm_backend import _remove_orphaned_staging
+
+    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_pid.wait()
+    dead = tmp_path / f"rlfactory-weights-{dead_pid.pid}-abc"
+    live = tmp_path / f"rlfactory-weights-{os.getppid()}-def"  # the process that started pytest runs
+    ours = tmp_path / f"rlfactory-weights-{os.getpid()}-ghi"
+    unnamed = tmp_path / "rlfactory-weights-xyz"  # no pid in the name: not ours to judge
+    for directory in (dead, live, ours, unnamed):
+        directory.mkdir()
+        (directory / "shard-00000.safetensors").write_bytes(b"x" * 16)
+    assert _remove_orphaned_staging(str(tmp_path)) == [dead]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, ours, unnamed))

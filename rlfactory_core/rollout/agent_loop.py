@@ -161,7 +161,10 @@ async def run_trajectory(
         except Exception as exc:  # noqa: BLE001 - one bad sample must not end the batch
             return _end(trajectory, "env_error", f"env.reset failed: {one_line(exc)}")
         state = trajectory.env_state = reset.state
-        messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
+        try:
+            messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
+        except Exception as exc:  # noqa: BLE001 - e.g. this episode's tools are ones the parser cannot show
+            return _end(trajectory, "env_error", f"the parser could not present the tools: {one_line(exc)}")
         trajectory.messages = list(messages)
         trajectory.prompt_ids = chat.prompt_ids(messages)
         context = list(trajectory.prompt_ids)

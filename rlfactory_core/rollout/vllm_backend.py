@@ -74,7 +74,9 @@ safetensors shards and feeds them to the worker's ``reload_weights(weights_itera
 into the layout of its kernels).
 The shards are written to ``/dev/shm`` when it has room (memory-backed, read back without
 touching a disk), else to the temp directory, in shards of at most
-:data:`SHARD_BYTES`, and deleted afterwards. Every worker reads the same files, so
+:data:`SHARD_BYTES`, and deleted afterwards. The directory's name carries the writer's
+pid, and directories left by processes that died mid-update are removed before the next
+one is written. Every worker reads the same files, so
 tensor-parallel engines load their own slices as at startup.
 
 :meth:`VLLMBackend.update_weights` writes the shards while generation continues, then
@@ -418,7 +420,9 @@ class VLLMBackend:
         return args
 
     async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]]) -> None:
-        staging = Path(tempfile.mkdtemp(prefix="rlfactory-weights-", dir=_staging_root(tensors)))
+        root = _staging_root(tensors)
+        _remove_orphaned_staging(root)
+        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=root))
         try:
             # Written before pausing: requests keep running on the old weights meanwhile.
             paths = await asyncio.to_thread(_write_shards, tensors, staging)
@@ -531,6 +535,37 @@ def _checkpoint_dtype(model_path: str | Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- weight shards
+
+
+_STAGING_PREFIX = "rlfactory-weights-"
+
+
+def _remove_orphaned_staging(root: str) -> list[Path]:
+    """Remove the staging directories in ``root`` of processes that no longer run (a run
+    killed mid-update leaves its shards, ~0.5 GB of RAM in /dev/shm for the default model).
+    The directory names carry the writer's pid; others' live processes are left alone.
+    Returns what was removed."""
+    removed = []
+    for path in Path(root).glob(f"{_STAGING_PREFIX}*-*"):
+        pid = path.name.removeprefix(_STAGING_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _process_runs(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    if removed:
+        log.info("removed %d weight staging directories of finished processes from %s", len(removed), root)
+    return removed
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
 
 
 def _staging_root(tensors: Sequence[tuple[str, Any]]) -> str:

@@ -3,6 +3,9 @@
 Installing this distribution (``make install`` does by default) registers:
 
 * the env ``deepsearch`` (:mod:`rlfactory_deepsearch.env`): ``rlf train --env deepsearch``;
+* the parser ``search_r1`` (:mod:`rlfactory_deepsearch.parser`): Search-R1's own
+  ``<search> query </search>`` / ``<information>`` tags, which small models follow far more
+  reliably than JSON tool calls;
 * the reward ``search_r1`` (:mod:`rlfactory_deepsearch.reward`): exact match plus RL-Factory's
   Search-R1 format terms, the env's training reward;
 * the command ``rlf retriever serve`` (:mod:`rlfactory_deepsearch.cli_retriever`): a retriever
@@ -18,15 +21,21 @@ from __future__ import annotations
 from rlfactory_core import hookimpl
 
 from .env import DeepSearchEnv, SearchTool
+from .parser import SearchR1Parser
 from .reward import SearchR1Reward
 
-__all__ = ["DeepSearchEnv", "SearchTool", "SearchR1Reward", "rlfactory_register_envs",
-           "rlfactory_register_rewards", "rlfactory_register_commands"]
+__all__ = ["DeepSearchEnv", "SearchTool", "SearchR1Parser", "SearchR1Reward", "rlfactory_register_envs",
+           "rlfactory_register_parsers", "rlfactory_register_rewards", "rlfactory_register_commands"]
 
 
 @hookimpl
 def rlfactory_register_envs(register):
     register(DeepSearchEnv)
+
+
+@hookimpl
+def rlfactory_register_parsers(register):
+    register(SearchR1Parser())
 
 
 @hookimpl

@@ -14,9 +14,12 @@ a retriever server: ``train_file`` / ``test_file`` (Search-R1's NQ/HotpotQA parq
 samples), ``corpus`` (wiki-18 JSONL) or ``retriever: http`` with ``url`` (our ``rlf
 retriever serve`` or Search-R1's own retrieval server).
 
-Small models follow the tool-call format from a worked example in the prompt
-(``few_shot``), rendered with the same parser as the rollout (``parser``, keep it equal to
-the run's ``parser``).
+Small models follow the tool-call format from worked examples in the prompt (``few_shot``),
+rendered with the run's parser. The env's default parser is ``search_r1``, Search-R1's own
+``<search> query </search>`` tags (:mod:`rlfactory_deepsearch.parser`): the embedded 135M model
+writes a well-formed search for 88% of 200 training questions in that format at temperature
+0.8, against 26% with JSON tool calls (``qwen3``), and with the JSON format it learned to stop
+searching (bench/README.md). Any other parser works (``parser: qwen3`` for Qwen3 models).
 """
 
 from __future__ import annotations
@@ -141,7 +144,8 @@ class DeepSearchEnv:
         the prompt.
     :param instruction: ``short`` (default, fewer tokens for small models) or ``search-r1``
         (Search-R1's wording) or any text.
-    :param parser: the parser that renders the example's tool calls (the run's parser).
+    :param parser: the parser that renders the examples' tool calls. The trainer passes the
+        run's ``parser``; setting a different one is a config error.
     :param max_batch: searches of concurrent trajectories grouped into one retrieval call.
     :param require_search: an answer given before any search is sent back with "search
         first" (once per episode) instead of ending the episode. Off by default, as in
@@ -155,6 +159,7 @@ class DeepSearchEnv:
     #: embedded model (see the README), Search-R1's reward in training and plain exact match
     #: in evaluation.
     config_defaults: dict[str, Any] = {
+        "parser": "search_r1",
         "rewards": [{"name": "search_r1"}],
         "eval": {"rewards": [{"name": "exact_match"}], "every": 5, "temperature": 0.0},
         "rollout": {"max_turns": 4, "max_tokens_per_turn": 40, "max_trajectory_tokens": 1536,
@@ -169,7 +174,7 @@ class DeepSearchEnv:
                  train_file: str | None = None, test_file: str | None = None, data_dir: str | None = None,
                  topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool = True,
                  instruction: str = "short",
-                 parser: str = "qwen3", max_batch: int = 64, cache_dir: str | None = None,
+                 parser: str = "search_r1", max_batch: int = 64, cache_dir: str | None = None,
                  require_search: bool = False):
         from .retrieval import retriever_option_problems
 

@@ -73,22 +73,28 @@ def test_passages_are_formatted_as_search_r1_does():
                     'Doc 2(Title: "Paris") Paris is a city.')
 
 
-async def test_reset_shows_a_worked_example_in_the_parsers_format_then_the_question():
-    env = DeepSearchEnv()
+async def test_reset_shows_the_worked_examples_in_the_parsers_format_then_the_question():
+    env = DeepSearchEnv()  # the default parser: Search-R1's <search> tags
     reset = await env.reset({"id": "1", "question": "What is the capital of Peru?", "golden_answers": ["Lima"]})
     roles = [m.role for m in reset.messages]
     assert roles[0] == "system" and roles[-1] == "user"
     assert reset.messages[-1].content == "What is the capital of Peru?"
     example = "\n".join(m.content for m in reset.messages[1:-1])
-    # two worked examples: one search, then two searches; calls and results in the qwen3 format
-    assert '<tool_call>\n{"name": "search", "arguments": {"query": "Norway currency"}}\n</tool_call>' in example
-    assert '{"query": "Asunción capital"}' in example and '{"query": "Paraguay region"}' in example
-    assert example.count("<tool_response>") == 3 and 'Doc 1(Title: "Norway")' in example
+    # two worked examples: one search, then two searches
+    assert "<search> Norway currency </search>" in example
+    assert "<search> Asunción capital </search>" in example and "<search> Paraguay region </search>" in example
+    assert example.count("<information>") == 3 and '<information>Doc 1(Title: "Norway")' in example
     assert "<answer>Norwegian Krone</answer>" in example and "<answer>Americas</answer>" in example
     assert [t.name for t in reset.tools] == ["search"]
     assert (await DeepSearchEnv(few_shot=False).reset({"question": "Q?"})).messages[1:] == [Message("user", "Q?")]
     with pytest.raises(ValueError, match="needs a 'question'"):
         await env.reset({"id": "2"})
+
+    # the same examples in the qwen3 format, for a run with parser: qwen3
+    example = "\n".join(m.content for m in (await DeepSearchEnv(parser="qwen3").reset({"question": "Q?"})).messages)
+    assert '<tool_call>\n{"name": "search", "arguments": {"query": "Norway currency"}}\n</tool_call>' in example
+    assert '{"query": "Asunción capital"}' in example and '{"query": "Paraguay region"}' in example
+    assert example.count("<tool_response>") == 3 and "<search>" not in example
 
 
 async def test_a_turn_with_a_search_continues_and_a_turn_without_one_ends_with_its_answer():
@@ -138,17 +144,35 @@ def test_the_env_brings_its_training_and_eval_rewards_and_the_user_can_change_th
     changed = load_config([], ["rewards=[{name: exact_match}]", "rollout.max_turns=2"], flags={"env": "deepsearch"})
     assert [r.name for r in changed.rewards] == ["exact_match"] and changed.rollout.max_turns == 2
     assert [r.name for r in load_config([]).rewards] == ["exact_match"]  # other envs keep the core default
+    assert config.parser == "search_r1" and load_config([]).parser == "qwen3"
 
 
 def test_the_gpu_config_file_is_a_valid_config():
     config = load_config([CONFIGS / "search-r1-qwen3-4b.yaml"])
     assert (config.env, config.model.name, config.grpo.group_size, config.env_options["retriever"]) == (
         "deepsearch", "Qwen/Qwen3-4B", 5, "http")
+    assert config.parser == "qwen3"  # Qwen3's own tool calls; the env writes its prompt with them
 
 
 def test_registered_through_the_plugin_manager():
+    from rlfactory_deepsearch import SearchR1Parser
+
     assert get_component("env", "deepsearch") is DeepSearchEnv
     assert get_component("reward", "search_r1") is SearchR1Reward
+    assert isinstance(get_component("parser", "search_r1"), SearchR1Parser)
+
+
+def test_the_env_writes_its_examples_with_the_runs_parser():
+    from rlfactory_core.trainer import _build_task
+
+    def env_parser(*overrides):
+        return _build_task(load_config([], list(overrides), flags={"env": "deepsearch"})).env.parser.name
+
+    assert env_parser() == "search_r1"  # the env's default run
+    assert env_parser("parser=qwen3") == "qwen3"  # told nothing else, the env follows the run
+    assert env_parser("parser=qwen3", "env_options={parser: qwen3}") == "qwen3"
+    with pytest.raises(ConfigError, match="env_options.parser is 'qwen3' but the run's parser is 'search_r1'"):
+        env_parser("env_options={parser: qwen3}")
 
 
 # --------------------------------------------------------------------------- with real retrieval
