@@ -455,6 +455,12 @@ class _MeanPoolingEncoder:
         return numpy.concatenate(chunks).astype("float32")
 
 
+#: Rows added to the faiss index at a time (from the memory-mapped embeddings file).
+_INDEX_SLICE = 65536
+#: Encoder batches per progress update and per write into the embeddings file.
+_ENCODE_CHUNK_BATCHES = 16
+
+
 class DenseRetriever:
     """Cosine similarity of sentence embeddings, searched exactly with ``faiss.IndexFlatIP``
     over L2-normalized vectors.
@@ -508,15 +514,15 @@ class DenseRetriever:
             self.embeddings_path = root / f"dense-{_settings_key(corpus_fingerprint(self.documents), settings)}.npy"
             embeddings = self._load_cached(numpy)
         if embeddings is None:
-            embeddings = self._encode_corpus(numpy)
-            if self.embeddings_path is not None:
-                handle, staging = tempfile.mkstemp(prefix=self.embeddings_path.name + ".tmp-", dir=root)
-                with os.fdopen(handle, "wb") as file:
-                    numpy.save(file, embeddings)
-                os.replace(staging, self.embeddings_path)
+            embeddings = self._encode_corpus(numpy, root)
+        # The faiss index holds the one copy in memory: the embeddings are written into a
+        # memory-mapped cache file while encoding and added from it in slices (wiki-18's
+        # 21M passages x 768 float32 are 64 GB; two copies would not fit where one does).
         self.dimension = int(embeddings.shape[1])
         self._index = faiss.IndexFlatIP(self.dimension)
-        self._index.add(embeddings)
+        for start in range(0, len(embeddings), _INDEX_SLICE):
+            self._index.add(numpy.ascontiguousarray(embeddings[start:start + _INDEX_SLICE]))
+        del embeddings
 
     @staticmethod
     def check_options(encoder: Any = DEFAULT_ENCODER, device: Any = "cpu", query_prefix: Any = None,
@@ -537,7 +543,7 @@ class DenseRetriever:
         if self.embeddings_path is None or not self.embeddings_path.is_file():
             return None
         try:
-            embeddings = numpy.load(self.embeddings_path)
+            embeddings = numpy.load(self.embeddings_path, mmap_mode="r")
             if embeddings.ndim != 2 or embeddings.shape[0] != len(self.documents) or embeddings.dtype != numpy.float32:
                 raise RLFactoryError(f"shape {embeddings.shape} and dtype {embeddings.dtype} do not match "
                                      f"{len(self.documents)} passages")
@@ -548,16 +554,39 @@ class DenseRetriever:
         self.loaded_from_cache = True
         return embeddings
 
-    def _encode_corpus(self, numpy: Any) -> Any:
+    def _encode_corpus(self, numpy: Any, root: Path | None) -> Any:
+        """The passage embeddings, written chunk by chunk into their cache file (memory-mapped;
+        renamed into place when complete) or, without a cache, into one array."""
         progress = _Progress(f"encoding the corpus with {self.encoder}", len(self.documents))
-        texts = [self.passage_prefix + d.contents for d in self.documents]
-        chunk = self.batch_size * 16
-        parts = []
-        for start in range(0, len(texts), chunk):
-            parts.append(self._encoder.encode(texts[start:start + chunk], self.batch_size))
-            progress.update(start + len(parts[-1]))
-        progress.finish()
-        return numpy.ascontiguousarray(numpy.concatenate(parts), dtype=numpy.float32)
+        chunk = self.batch_size * _ENCODE_CHUNK_BATCHES
+        out: Any = None
+        staging: str | None = None
+        try:
+            for start in range(0, len(self.documents), chunk):
+                texts = [self.passage_prefix + d.contents for d in self.documents[start:start + chunk]]
+                vectors = self._encoder.encode(texts, self.batch_size)
+                if out is None:
+                    shape = (len(self.documents), int(vectors.shape[1]))
+                    if self.embeddings_path is not None:
+                        handle, staging = tempfile.mkstemp(prefix=self.embeddings_path.name + ".tmp-", dir=root)
+                        os.close(handle)
+                        out = numpy.lib.format.open_memmap(staging, mode="w+", dtype=numpy.float32, shape=shape)
+                    else:
+                        out = numpy.empty(shape, dtype=numpy.float32)
+                out[start:start + len(vectors)] = vectors
+                progress.update(start + len(vectors))
+            progress.finish()
+            if staging is not None:
+                out.flush()
+                del out
+                assert self.embeddings_path is not None
+                os.replace(staging, self.embeddings_path)
+                staging = None
+                return numpy.load(self.embeddings_path, mmap_mode="r")
+            return out
+        finally:
+            if staging is not None:  # interrupted: never leave a partial cache file
+                Path(staging).unlink(missing_ok=True)
 
     def __len__(self) -> int:
         return len(self.documents)

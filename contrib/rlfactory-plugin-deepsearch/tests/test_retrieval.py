@@ -431,6 +431,41 @@ def test_dense_embeddings_are_cached(dense, corpus_path, dense_cache):
 
 @pytest.mark.slow
 @needs_dense
+def test_dense_embeddings_are_written_in_chunks_and_an_interrupted_encoding_leaves_no_cache(
+        dense, corpus_path, tmp_path, monkeypatch):
+    import numpy as np
+
+    import rlfactory_deepsearch.retrieval as retrieval
+
+    monkeypatch.setattr(retrieval, "_ENCODE_CHUNK_BATCHES", 1)
+    monkeypatch.setattr(retrieval, "_INDEX_SLICE", 7)  # the index is filled in several slices too
+    chunked = DenseRetriever(corpus_path, cache_dir=tmp_path / "chunked", batch_size=5)  # chunks of 5 passages
+    assert len(chunked) > 10
+    written = np.load(chunked.embeddings_path)
+    assert np.allclose(written, np.load(dense.embeddings_path), atol=1e-5)
+    assert chunked._index.ntotal == len(chunked)
+    query = list(PARAPHRASES)[:2]
+    assert [[h.document.id for h in hits] for hits in chunked.search(query, 3)] == [
+        [h.document.id for h in hits] for hits in dense.search(query, 3)]
+
+    calls = 0
+    original = retrieval._SentenceTransformerEncoder.encode
+
+    def encode_then_fail(self, texts, batch_size):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise KeyboardInterrupt
+        return original(self, texts, batch_size)
+
+    monkeypatch.setattr(retrieval._SentenceTransformerEncoder, "encode", encode_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        DenseRetriever(corpus_path, cache_dir=tmp_path / "interrupted", batch_size=5)
+    assert list((tmp_path / "interrupted").iterdir()) == []
+
+
+@pytest.mark.slow
+@needs_dense
 def test_plain_hf_encoder_is_mean_pooled(dense, corpus_path, tmp_path):
     """A model directory without a sentence-transformers config is mean-pooled and
     normalized with transformers: for MiniLM that is exactly what its own config does."""
