@@ -14,7 +14,7 @@ for bench/README.md.
 
     .venv/bin/python bench/learning_curve.py                  # 20 steps, ~15 minutes on 2 CPU cores
     .venv/bin/python bench/learning_curve.py --steps 4 --eval-every 2   # a quick check
-    .venv/bin/python bench/learning_curve.py --env deepsearch  # 20 steps, ~30 minutes
+    .venv/bin/python bench/learning_curve.py --env deepsearch  # 20 steps, ~16 minutes
 """
 
 from __future__ import annotations
