@@ -1,0 +1,181 @@
+"""MCP servers as tools: real servers over stdio (mcp-server-time from PyPI, the test
+toolbox), streamable HTTP and SSE on localhost; content types, namespacing, timeouts,
+crashes, hangs, pools, concurrency and clean shutdown."""
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from conftest import server_processes, stdio_toolbox, time_server
+from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+from rlfactory_core.errors import ConfigError
+from rlfactory_core.types import ToolCall
+from rlfactory_mcp import MCPServerError, load_mcp_tools, parse_mcp_config
+
+
+def toolset(config: dict, **kwargs):
+    return load_mcp_tools(parse_mcp_config({"mcpServers": config}), **kwargs)
+
+
+def by_name(tools) -> dict:
+    return {tool.name: tool for tool in tools.tools}
+
+
+async def test_a_real_pypi_server_over_stdio_lists_its_tools_with_schemas_and_answers():
+    tools = toolset({"time": time_server()})
+    try:
+        found = by_name(tools)
+        assert sorted(found) == ["convert_time", "get_current_time"]
+        schema = found["get_current_time"].parameters
+        assert schema["type"] == "object" and schema["required"] == ["timezone"]
+        assert found["get_current_time"].description.startswith("Get current time")
+        result = await found["convert_time"].call({"source_timezone": "UTC", "time": "12:00",
+                                                   "target_timezone": "Asia/Tokyo"})
+        assert result.error is None and json.loads(result.content)["target"]["datetime"].endswith("21:00:00+09:00")
+        failed = await found["get_current_time"].call({"timezone": "Mars/Olympus_Mons"})
+        assert failed.error == "tool_error" and "Invalid timezone" in failed.content
+    finally:
+        await tools.close()
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+async def test_every_content_type_becomes_an_observation():
+    tools = toolset({"box": stdio_toolbox()})
+    try:
+        found = by_name(tools)
+        assert (await found["echo"].call({"text": "hi"})).content == "hi"  # not also {"result": "hi"}
+        assert (await found["add"].call({"a": 2, "b": 3})).content == "5"
+        assert json.loads((await found["country"].call({"code": "FR"})).content) == {
+            "code": "FR", "name": "France", "eu": True}
+        assert (await found["picture"].call({})).content == (
+            "a red square\n[image: image/png, 100 bytes]\n[resource link: file:///tmp/square.png square.png]\n"
+            "note text")
+        failed = await found["fail"].call({"reason": "no"})
+        assert failed.error == "tool_error" and failed.content.startswith("Error executing tool fail")
+        # the server refusing the arguments (JSON-RPC -32602): an invalid-arguments error
+        manager = ConcurrentToolManager(tools.tools)
+        [refused] = await manager.call([ToolCall("strict", {"value": "z"}, id="1")])
+        assert refused.error == "invalid_arguments" and "value 'z' is not allowed" in refused.content
+    finally:
+        await tools.close()
+
+
+async def test_streamable_http_and_sse_servers(http_toolbox, sse_toolbox):
+    tools = toolset({"web": {"url": http_toolbox}, "events": {"url": sse_toolbox}})
+    try:
+        found = by_name(tools)
+        # both servers offer the same tools: each name is namespaced by its server
+        assert {"web-echo", "events-echo", "web-add", "events-add"} <= set(found) and "echo" not in found
+        assert (await found["web-echo"].call({"text": "over http"})).content == "over http"
+        assert (await found["events-add"].call({"a": 40, "b": 2})).content == "42"
+        assert found["web-echo"].remote_name == "echo" and found["events-echo"].server == "events"
+    finally:
+        await tools.close()
+
+
+async def test_names_are_namespaced_only_where_two_servers_clash_and_include_picks_tools():
+    tools = toolset({"one": stdio_toolbox(), "two": stdio_toolbox(), "time": time_server()},
+                    include=["one-echo", "two-echo", "get_current_time"])
+    try:
+        assert sorted(t.name for t in tools.tools) == ["get_current_time", "one-echo", "two-echo"]
+    finally:
+        await tools.close()
+    with pytest.raises(ConfigError, match="include: no tool named 'echo'"):
+        toolset({"one": stdio_toolbox(), "two": stdio_toolbox()}, include=["echo"])
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+def test_servers_that_cannot_start_are_named_with_their_stderr(tmp_path):
+    failing = {"command": sys.executable, "args": ["-c", "import sys; sys.stderr.write('boom: no API key'); sys.exit(1)"]}
+    with pytest.raises(MCPServerError, match=r"MCP server broken \(.*\) .*stderr: .*boom: no API key"):
+        toolset({"broken": failing}, log_dir=tmp_path, servers={"*": {"connect_timeout_s": 20}})
+    with pytest.raises(MCPServerError, match="MCP server missing .*could not be started"):
+        toolset({"missing": {"command": "/no/such/mcp-server"}})
+    with pytest.raises(ConfigError) as info:
+        toolset({"box": stdio_toolbox()}, servers={"box": {"pool_size": 0, "speed": 2}, "other": {}})
+    assert len(info.value.errors) == 3
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+async def test_many_concurrent_calls_share_one_session():
+    tools = toolset({"box": stdio_toolbox()})
+    manager = ConcurrentToolManager(tools.tools)
+    try:
+        calls = [ToolCall("whoami", {"seconds": 0.3}, id=str(i)) for i in range(64)]
+        results = await manager.call(calls)
+        assert all(r.error is None for r in results)
+        answers = [json.loads(r.content) for r in results]
+        assert len({a["pid"] for a in answers}) == 1  # one server process for all of them
+        assert max(a["peak"] for a in answers) > 8  # the calls ran at once, not one by one
+    finally:
+        await manager.close()  # closes the tools, hence the servers
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+async def test_a_pool_spreads_calls_over_server_processes():
+    tools = toolset({"box": stdio_toolbox()}, servers={"box": {"pool_size": 3}})
+    try:
+        tool = by_name(tools)["one_at_a_time"]
+        results = await asyncio.gather(*(tool.call({"seconds": 0.2}) for _ in range(12)))
+        assert len({json.loads(r.content)["pid"] for r in results}) == 3
+        assert len(server_processes()) == 3
+    finally:
+        await tools.close()
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+async def test_a_killed_server_is_restarted_and_the_call_retried():
+    tools = toolset({"box": stdio_toolbox()})
+    try:
+        echo = by_name(tools)["echo"]
+        assert (await echo.call({"text": "before"})).content == "before"
+        [process] = server_processes()
+        process.kill()
+        process.wait(10)
+        assert (await echo.call({"text": "after"})).content == "after"
+        assert tools.restarts == 1
+        [new_process] = server_processes()
+        assert new_process.pid != process.pid
+        # a tool that kills its server: restarted and retried once, then the failure is the call's
+        with pytest.raises(Exception, match="Connection closed"):
+            await by_name(tools)["crash"].call({})
+        assert (await echo.call({"text": "still"})).content == "still"
+        assert tools.restarts == 3  # the crash's retry, and the call after it
+    finally:
+        await tools.close()
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+async def test_a_slow_tool_times_out_and_a_hung_server_is_restarted():
+    tools = toolset({"box": stdio_toolbox()}, servers={"box": {"timeout_s": 1, "probe_timeout_s": 1}})
+    try:
+        found = by_name(tools)
+        # slow, but the server still answers: a timeout, no restart
+        with pytest.raises(TimeoutError, match="slow on MCP server 'box' took longer than 1 s"):
+            await found["slow"].call({"seconds": 5})
+        assert tools.restarts == 0
+        # the server hangs: the probe fails, it is restarted and the call retried (and hangs it again)
+        with pytest.raises(TimeoutError, match="hang on MCP server 'box' took longer than 1 s"):
+            await found["hang"].call({})
+        assert tools.restarts == 1
+        # the hung server was dropped: the next call gets a fresh one
+        assert (await found["echo"].call({"text": "alive"})).content == "alive"
+    finally:
+        await tools.close()
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
+
+
+def test_sessions_follow_the_event_loop():
+    tools = toolset({"box": stdio_toolbox()})
+    echo = by_name(tools)["echo"]
+    for run in ("first", "second"):  # two asyncio.run: each opens (and closes) its own session
+        async def call_and_close(text=run):
+            try:
+                return (await echo.call({"text": text})).content
+            finally:
+                await tools.close()
+
+        assert asyncio.run(call_and_close()) == run
+    assert server_processes() == [], [p.cmdline() for p in server_processes()]
