@@ -63,7 +63,8 @@ async def test_every_content_type_becomes_an_observation():
 
 
 async def test_streamable_http_and_sse_servers(http_toolbox, sse_toolbox):
-    tools = toolset({"web": {"url": http_toolbox}, "events": {"url": sse_toolbox}})
+    tools = toolset({"web": {"url": http_toolbox, "headers": {"X-Api-Key": "k-123"}},
+                     "events": {"url": sse_toolbox, "headers": {"X-Api-Key": "k-456"}}})
     try:
         found = by_name(tools)
         # both servers offer the same tools: each name is namespaced by its server
@@ -71,6 +72,9 @@ async def test_streamable_http_and_sse_servers(http_toolbox, sse_toolbox):
         assert (await found["web-echo"].call({"text": "over http"})).content == "over http"
         assert (await found["events-add"].call({"a": 40, "b": 2})).content == "42"
         assert found["web-echo"].remote_name == "echo" and found["events-echo"].server == "events"
+        # the config's headers reach the servers (e.g. an API key)
+        assert (await found["web-header"].call({"name": "X-Api-Key"})).content == "k-123"
+        assert (await found["events-header"].call({"name": "X-Api-Key"})).content == "k-456"
     finally:
         await tools.close()
 

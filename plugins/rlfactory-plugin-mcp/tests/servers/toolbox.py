@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp_types import EmbeddedResource, ResourceLink, TextContent, TextResourceContents
@@ -52,6 +52,13 @@ def picture() -> list:
 def fail(reason: str) -> str:
     """Always fails with the reason."""
     raise ValueError(reason)
+
+
+@server.tool()
+def header(name: str, ctx: Context) -> str:
+    """The value of a request header (HTTP transports), or "none"."""
+    headers = ctx.headers or {}
+    return headers.get(name.lower(), "none")
 
 
 @server.tool()
