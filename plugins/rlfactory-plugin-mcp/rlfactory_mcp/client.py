@@ -180,7 +180,9 @@ class _Session:
         from mcp import Client
 
         try:
-            with open(self.stderr_log, "a", encoding="utf-8") as errlog:
+            with contextlib.ExitStack() as files:
+                errlog = (files.enter_context(open(self.stderr_log, "a", encoding="utf-8"))
+                          if self.spec.transport == "stdio" else None)
                 async with Client(_transport(self.spec, errlog), mode="auto") as client:
                     self.client = client
                     self._ready.set()
@@ -380,6 +382,7 @@ class MCPTool:
         self.name, self.remote_name, self.server = name, remote_name, server
         self.description, self.parameters = description, parameters
         self._pool = pool
+        self._toolset: MCPToolset | None = None
 
     async def call(self, arguments: dict[str, Any], ctx: dict[str, Any] | None = None) -> ToolResult:
         from mcp.shared.exceptions import MCPError
@@ -395,6 +398,12 @@ class MCPTool:
             return ToolResult(name=self.name, content=text or f"{self.name} failed", error="tool_error")
         return ToolResult(name=self.name, content=text)
 
+    async def close(self) -> None:
+        """Close the toolset this tool belongs to (every server's sessions): tool managers
+        close their tools at the end of a run. Closing twice is harmless."""
+        if self._toolset is not None:
+            await self._toolset.close()
+
     def __repr__(self) -> str:
         return f"MCPTool({self.name!r}, server={self.server!r})"
 
@@ -409,7 +418,7 @@ class MCPToolset:
     def __init__(self, pools: dict[str, _ServerPool], tools: list[MCPTool]):
         self.pools, self.tools = pools, tools
         for tool in tools:
-            tool.close = self.close  # type: ignore[attr-defined]
+            tool._toolset = self
 
     async def close(self) -> None:
         await asyncio.gather(*(pool.close() for pool in self.pools.values()))
