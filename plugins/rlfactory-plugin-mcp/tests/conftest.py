@@ -61,19 +61,20 @@ def _serve(mode: str):
     return process, port
 
 
+def _served(mode: str, path: str):
+    process, port = _serve(mode)
+    yield f"http://127.0.0.1:{port}{path}"
+    process.kill()
+    process.wait()
+
+
 @pytest.fixture(scope="module")
 def http_toolbox():
     """The toolbox over streamable HTTP on localhost: its URL."""
-    process, port = _serve("http")
-    yield f"http://127.0.0.1:{port}/mcp"
-    process.kill()
-    process.wait()
+    yield from _served("http", "/mcp")
 
 
 @pytest.fixture(scope="module")
 def sse_toolbox():
     """The toolbox over SSE on localhost: its URL."""
-    process, port = _serve("sse")
-    yield f"http://127.0.0.1:{port}/sse"
-    process.kill()
-    process.wait()
+    yield from _served("sse", "/sse")
