@@ -127,7 +127,14 @@ def _build_task(config: RunConfig) -> _Task:
 
     env_cls = get_component("env", config.env)
     env_options = dict(config.env_options)
-    if "parser" in inspect.signature(env_cls).parameters:
+    parameters = inspect.signature(env_cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        known = [name for name in parameters if name != "self"]
+        unknown = [key for key in env_options if key not in parameters]
+        if unknown:  # all of them at once, not the first TypeError
+            raise ConfigError([f"env_options.{key}: the {config.env!r} env has no option {key!r} "
+                               f"(its options: {', '.join(known) or 'none'})" for key in unknown])
+    if "parser" in parameters:
         # An env that writes tool calls itself (worked examples) must write them the way the
         # run's parser reads them: it gets the run's parser unless it is told otherwise.
         chosen = env_options.setdefault("parser", config.parser)

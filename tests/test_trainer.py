@@ -524,6 +524,10 @@ def test_an_env_that_takes_a_parser_gets_the_runs_and_a_parser_that_cannot_show_
     with registered_plugin(Plugin()):
         task = T._build_task(load_config([], ["env=with_examples"]))
         assert task.env.parser_name == "qwen3" and task.parser.name == "qwen3"
+        with pytest.raises(ConfigError) as info:  # every unknown option at once
+            T._build_task(load_config([], ["env=with_examples", "env_options={colour: red, size: 2}"]))
+        assert info.value.errors == [f"env_options.{key}: the 'with_examples' env has no option {key!r} (its "
+                                     f"options: parser)" for key in ("colour", "size")]
         with pytest.raises(ConfigError, match="env_options.parser is 'other' but the run's parser is 'qwen3'"):
             T._build_task(load_config([], ["env=with_examples", "env_options={parser: other}"]))
         with pytest.raises(ConfigError, match="parser: 'search_only' cannot show the model the 'with_examples' "

@@ -40,15 +40,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
-import shutil
-import tempfile
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from rlfactory_core.datasets import build_directory
 from rlfactory_core.default_plugins.rewards import normalize_answer
 from rlfactory_core.errors import RLFactoryError
 from rlfactory_core.models import rlfactory_home
@@ -606,41 +604,6 @@ def _is_complete(directory: Path) -> bool:
         return False
 
 
-def _check_replaceable(directory: Path) -> None:
-    """Refuse to replace a directory that holds anything but a (possibly broken) build."""
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise RLFactoryError(f"{directory} is a file, not a directory",
-                             hint="pass a new or empty directory as the dataset's out_dir")
-    foreign = sorted(p.name for p in directory.iterdir() if p.name not in _DATA_FILES + (MANIFEST_FILE,))
-    if foreign:
-        raise RLFactoryError(f"{directory} holds files that are not part of the deepsearch dataset "
-                             f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})",
-                             hint="pass a new or empty directory as out_dir; a rebuild replaces the whole directory")
-
-
-def _install(staged: Path, out_dir: Path) -> None:
-    """Move the finished build ``staged`` to ``out_dir`` by renames: readers see the old build
-    or the new one, never a mix."""
-    try:
-        os.rename(staged, out_dir)  # fails when out_dir exists and is not empty
-        return
-    except OSError:
-        if not out_dir.exists():
-            raise
-    retired = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    os.rename(out_dir, retired / out_dir.name)
-    try:
-        os.rename(staged, out_dir)
-    except OSError:
-        if not out_dir.exists():
-            os.rename(retired / out_dir.name, out_dir)
-        raise
-    finally:
-        shutil.rmtree(retired, ignore_errors=True)
-
-
 def build(out_dir: Path | None = None, force: bool = False,
           progress: Callable[[str], None] | None = None) -> Path:
     """Build the dataset (corpus, three splits, manifest) into ``out_dir``; returns it.
@@ -657,24 +620,15 @@ def build(out_dir: Path | None = None, force: bool = False,
     """
     out_dir = Path(out_dir).expanduser() if out_dir is not None else default_data_dir()
     report = progress or (lambda message: None)
-    if not force and _is_complete(out_dir):
-        report(f"the deepsearch dataset in {out_dir} is complete (force=True rebuilds it)")
-        return out_dir
-    _check_replaceable(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
-    try:
+
+    def write(staged: Path) -> None:
         files = _dataset_files(report)
         for name in _DATA_FILES + (MANIFEST_FILE,):  # the manifest last: it marks a complete build
             (staged / name).write_bytes(files[name])
             report(f"wrote {name}")
-        if not force and _is_complete(out_dir):
-            return out_dir  # another process finished the same build meanwhile
-        _install(staged, out_dir)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
-    report(f"deepsearch dataset ready in {out_dir}")
-    return out_dir
+
+    return build_directory(out_dir, label="the deepsearch dataset", owned=_DATA_FILES + (MANIFEST_FILE,),
+                           is_complete=_is_complete, write=write, force=force, progress=report)
 
 
 # --------------------------------------------------------------------------- loading

@@ -188,36 +188,3 @@ def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path):
     assert report["samples"] == 2 and "eval/reward/accuracy" in report["metrics"]
     assert server_processes() == []
 
-
-@pytest.mark.slow
-def test_the_distribution_installs_on_its_own_from_a_wheel(tmp_path):
-    """`pip install plugins/rlfactory-plugin-mcp`: a normal (non-editable) wheel, installed
-    into an empty directory, is found through its entry point and registers the env."""
-    import os
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    source = Path(__file__).resolve().parent.parent
-    copy = tmp_path / "source"
-    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "tests"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--wheel-dir",
-                            str(tmp_path / "dist"), str(copy)], capture_output=True, text=True, cwd=tmp_path)
-    assert built.returncode == 0, built.stderr
-    [wheel] = (tmp_path / "dist").glob("rlfactory_plugin_mcp-*.whl")
-    site = tmp_path / "site"
-    installed = subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
-                               capture_output=True, text=True, cwd=tmp_path)
-    assert installed.returncode == 0, installed.stderr
-    script = ("import importlib.metadata as m, rlfactory_mcp; "
-              "[ep] = [e for e in m.entry_points(group='rlfactory') if e.name == 'mcp' and e.dist.name == "
-              "'rlfactory-plugin-mcp' and str(e.dist.locate_file('')) == __import__('sys').argv[1]]; "
-              "from rlfactory_core.plugins import get_component; "
-              "print(rlfactory_mcp.__file__, get_component('env', 'mcp').__module__)")
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    shown = subprocess.run([sys.executable, "-c", script, str(site)], capture_output=True, text=True, env=env,
-                           cwd=tmp_path)
-    assert shown.returncode == 0, shown.stderr
-    module_file, env_module = shown.stdout.split()
-    assert Path(module_file).is_relative_to(site) and env_module == "rlfactory_mcp.env"
