@@ -93,7 +93,10 @@ def rlfactory_register_envs(register: Callable[..., None]) -> None:
         ``description`` are strings and which has ``async reset(sample) -> EnvReset``,
         ``async step(state, turn, results) -> EnvStep`` and ``async close(state)``
         (``rlfactory_core.interfaces.Env``). It is instantiated with the env options of
-        the config. Raises ``RegistrationError`` or ``DuplicateComponentError`` as for tools.
+        the config (options it does not take are config errors, all reported at once; a
+        constructor that takes a ``parser`` gets the run's parser name unless the options
+        set it, and setting a different one is an error). Raises ``RegistrationError`` or
+        ``DuplicateComponentError`` as for tools.
     :return: nothing; the return value is ignored.
 
     Calling convention: every implementation is called, once per process, one plugin at

@@ -1,5 +1,5 @@
 """``rlf train --env nl2sql`` then ``rlf eval --env nl2sql --model RUN_DIR`` on the embedded
-model (hf backend, one step of 2 prompts x 2 trajectories, the env's embedded defaults
+model (hf backend, two steps of 2 prompts x 2 trajectories, the env's embedded defaults
 otherwise): metrics with the reward's components and execution accuracy, samples, a
 checkpoint, an evaluation report."""
 
@@ -21,13 +21,13 @@ def test_rlf_train_and_eval_nl2sql_end_to_end(built, tmp_path):
     log = tmp_path / "train.log"
     with open(log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "nl2sql",
-                                "--run-dir", str(run_dir), *common, "train.steps=1", "grpo.prompts_per_step=2",
-                                "grpo.group_size=2", "eval.save_samples=4"],
+                                "--run-dir", str(run_dir), *common, "train.steps=2", "grpo.prompts_per_step=2",
+                                "grpo.group_size=2", "eval.every=2", "eval.save_samples=4"],
                                stdout=out, stderr=subprocess.STDOUT, timeout=1200, env=dict(os.environ))
     assert code == 0, log.read_text()[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1]
-    step = records[1]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    step = records[2]
     for key in ("reward/sql_execution", "reward/sql_execution/execution_match", "reward/sql_execution/format",
                 "reward/sql_execution/no_answer", "reward/sql_execution/execution_error",
                 "reward/sql_execution/timeout", "reward/accuracy", "eval/reward/accuracy",
@@ -36,7 +36,7 @@ def test_rlf_train_and_eval_nl2sql_end_to_end(built, tmp_path):
     assert 0.0 <= step["eval/reward/accuracy"] <= 1.0
     assert step["eval/reward/mean"] == pytest.approx(step["eval/reward/accuracy"])  # format_score 0 in eval
     assert (run_dir / "checkpoints" / "latest").exists()
-    samples = [json.loads(line) for line in (run_dir / "samples" / "step-000001.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (run_dir / "samples" / "step-000002.jsonl").read_text().splitlines()]
     assert len(samples) == 4 and all(s["expected"].startswith("SELECT") for s in samples)
     assert "MAX(area)\n17124442" in samples[0]["text"]  # the worked example, with its real result
 
