@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import server_processes, stdio_toolbox, time_server
+from mcp_testing import server_processes, stdio_toolbox, time_server
 from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.types import ToolCall

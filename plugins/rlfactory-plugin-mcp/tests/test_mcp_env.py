@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import server_processes, stdio_toolbox, time_server
+from mcp_testing import server_processes, stdio_toolbox, time_server
 from rlfactory_core.config import load_config
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.plugins import get_component
