@@ -117,8 +117,14 @@ def save_checkpoint(
     state: Mapping[str, Any],
     config: Mapping[str, Any],
     keep: int = 2,
+    model_state: Mapping[str, Any] | None = None,
+    optimizer_state: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` (see the module docstring) and keep the newest ``keep``."""
+    """Write the checkpoint of ``step`` (see the module docstring) and keep the newest ``keep``.
+
+    ``model_state`` / ``optimizer_state``: the full states to write instead of
+    ``model.state_dict()`` / ``optimizer.state_dict()`` (the ray engine gathers them from
+    its FSDP shards; ``model`` then gives the HF config and format)."""
     import torch
 
     root = Path(run_dir) / "checkpoints"
@@ -133,10 +139,13 @@ def save_checkpoint(
         merged = _merged_copy(model)
         merged.save_pretrained(tmp / "model", safe_serialization=True)
         del merged
+    elif model_state is not None:
+        model.save_pretrained(tmp / "model", state_dict=dict(model_state), safe_serialization=True)
     else:
         model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(dict(optimizer_state) if optimizer_state is not None else optimizer.state_dict(),
+               tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(_rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")

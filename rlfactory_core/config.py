@@ -32,7 +32,7 @@ from .rollout.agent_loop import RolloutConfig
 __all__ = [
     "RunConfig", "PRESETS", "load_config", "parse_overrides", "describe", "config_errors",
     "ModelSection", "LoraSection", "GRPOSection", "TrainSection", "DataSection", "EvalSection",
-    "CheckpointSection", "LoggingSection", "RewardSpec", "ToolManagerSpec",
+    "CheckpointSection", "LoggingSection", "RewardSpec", "ToolManagerSpec", "RaySection",
 ]
 
 
@@ -161,6 +161,44 @@ class LoggingSection(_Section):
     no_tool_call_warning: bool = _field(True, "warn when a step makes no tool call although tools are offered")
 
 
+class RayRole(_Section):
+    workers: int = _field(1, "actors in this role", ge=0)
+    cpus: float = _field(1.0, "CPUs reserved per actor (also its torch threads, rounded, unless train.threads)", gt=0)
+    gpus: float = _field(0.0, "GPUs reserved per actor (fractions share a GPU)", ge=0)
+
+
+class JudgeRole(RayRole):
+    workers: int = _field(1, "judge actors (used only when `rewards` names some)", ge=1)
+    rewards: list[str] = _field(list, "rewards (names from `rewards`) scored on the judge pool instead of "
+                                      "in every rollout worker: judge models, loaded once")
+
+
+class ToolActorsSection(_Section):
+    names: list[str] = _field(list, "env tools served by one shared actor each (a retriever, a rate-limited "
+                                    "API) instead of a copy in every rollout worker")
+    cpus: float = _field(1.0, "CPUs reserved per tool actor", gt=0)
+    max_concurrency: int = _field(64, "calls a tool actor runs at once", ge=1)
+
+
+class RaySection(_Section):
+    """The ``ray`` engine (``engine: ray``): where each role runs (rlfactory_core.ray_engine)."""
+
+    address: str | None = _field(None, "cluster to join (else $RAY_ADDRESS, else a local cluster is started)")
+    num_cpus: int | None = _field(None, "CPUs a started local cluster offers (default: this machine's)", ge=1)
+    num_gpus: int | None = _field(None, "GPUs a started local cluster offers (default: the visible ones)", ge=0)
+    placement: Literal["colocated", "separate"] = _field(
+        "colocated", "colocated: trainer and rollout worker i share bundle i (they take turns: rollout, then "
+                     "update); separate: each role has its own placement group")
+    trainer: RayRole = _field(RayRole, "the FSDP2 trainer group (torch.distributed: gloo on CPU, NCCL on GPU)")
+    rollout: RayRole = _field(RayRole, "rollout workers: each runs the agent loop and rewards with its own backend")
+    judge: JudgeRole = _field(JudgeRole, "a pool for model-based rewards")
+    tool_actors: ToolActorsSection = _field(ToolActorsSection, "tools shared by all rollout workers")
+    max_restarts: int = _field(3, "replacements of dead rollout workers per step before the run fails", ge=0)
+    worker_logs: bool = _field(False, "show the actors' output (vLLM, transformers) in the run's output; it is "
+                                      "always in /tmp/ray/session_latest/logs")
+    placement_timeout_s: float = _field(60.0, "how long to wait for the cluster to place the actors", gt=0)
+
+
 class RunConfig(_Section):
     """Everything a run needs. Unknown keys are errors."""
 
@@ -170,7 +208,9 @@ class RunConfig(_Section):
     tool_manager: ToolManagerSpec = _field(ToolManagerSpec, "the tool manager shared by all trajectories")
     rewards: list[RewardSpec] = _field(
         lambda: [RewardSpec(name="exact_match")], "reward components, summed with their weights")
-    engine: Literal["local"] = _field("local", "where work runs")
+    engine: Literal["local", "ray"] = _field(
+        "local", "where work runs: local (this process) or ray (actors on a Ray cluster, see `ray`)")
+    ray: RaySection = _field(RaySection, "roles and resources of the ray engine")
     backend: Literal["auto", "hf", "vllm"] = _field("auto", "generation backend: auto = vllm when importable")
     backend_options: dict[str, Any] = _field(dict, "backend constructor options (max_num_seqs, kv_cache_gib, ...)")
     model: ModelSection = _field(ModelSection, "the policy model")
@@ -197,6 +237,17 @@ class RunConfig(_Section):
         if self.grpo.mini_batches > batch:
             raise ValueError(f"grpo.mini_batches ({self.grpo.mini_batches}) is more than the trajectories per "
                              f"step ({batch} = prompts_per_step x group_size)")
+        if self.engine == "ray":
+            if self.model.lora.enabled:
+                raise ValueError("model.lora.enabled: the ray engine trains all weights (FSDP2); "
+                                 "use engine=local for LoRA")
+            if self.ray.trainer.workers < 1 or self.ray.rollout.workers < 1:
+                raise ValueError("ray.trainer.workers and ray.rollout.workers must be at least 1")
+            names = {r.name for r in [*self.rewards, *(self.eval.rewards or [])]}
+            unknown = [n for n in self.ray.judge.rewards if n not in names]
+            if unknown:
+                raise ValueError(f"ray.judge.rewards: {unknown} are not in rewards or eval.rewards "
+                                 f"(configured: {sorted(names)})")
         if self.rollout.max_trajectory_tokens < self.rollout.max_tokens_per_turn:
             raise ValueError("rollout.max_trajectory_tokens must be at least rollout.max_tokens_per_turn")
         return self

@@ -158,7 +158,9 @@ def rlfactory_on_env_step(trajectory: Any, turn: Any, results: Any, step: Any) -
         the floats of all plugins are summed.
 
     Calling convention: every implementation is called, results collected; an
-    implementation that raises is reported and skipped. Added in 0.1.0.
+    implementation that raises is reported and skipped. With ``engine: ray`` it is called
+    in the rollout worker that runs the trajectory (a process of its own, where installed
+    plugins are loaded the same way). Added in 0.1.0.
     """
 
 
@@ -172,7 +174,8 @@ def rlfactory_on_trajectory_end(trajectory: Any, sample: Any) -> None:
     :return: nothing; the return value is ignored.
 
     Calling convention: every implementation is called; an implementation that raises is
-    reported and skipped. Added in 0.1.0.
+    reported and skipped. With ``engine: ray`` it is called in the rollout worker that ran
+    the trajectory. Added in 0.1.0.
     """
 
 

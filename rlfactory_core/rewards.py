@@ -246,17 +246,22 @@ def _add_turn_rewards(trajectory: Trajectory, rewards: Sequence[float]) -> None:
         trajectory.turn_rewards[i] += float(reward)
 
 
-def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None) -> RewardLayer:
+def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None, *, make_reward: Any = None) -> RewardLayer:
     """The reward layer of ``specs`` (the config's ``rewards`` list: name, weight,
     options, timeout_s, fallback, max_concurrency). Every problem (an unknown reward,
-    options a reward does not take, a reward that fails to start) is reported at once."""
+    options a reward does not take, a reward that fails to start) is reported at once.
+
+    ``make_reward(spec)``, when given, may return the object that scores ``spec`` instead
+    of the registered class built with its options (the ray engine's judge pool stand-in);
+    ``None`` builds the registered one."""
     from .plugins import get_component
 
     scorers, problems = [], []
     for i, spec in enumerate(specs):
         try:
-            cls = get_component("reward", spec.name)
-            reward = cls(**spec.options)
+            reward = make_reward(spec) if make_reward is not None else None
+            if reward is None:
+                reward = get_component("reward", spec.name)(**spec.options)
         except ConfigError as exc:
             problems.extend(f"rewards[{i}] ({spec.name}): {p}" for p in exc.errors)
             continue

@@ -38,6 +38,11 @@ One training step:
    after the last), with sample trajectories written as text; **checkpoint** every
    ``checkpoint.every`` steps and at the end, atomically (``rlfactory_core.checkpoint``).
 
+Engines: the loop drives an engine (``_LocalEngine`` here: everything in this process; or,
+with ``engine: ray``, ``rlfactory_core.ray_engine.RayEngine``: rollout workers, an FSDP2
+trainer group, a judge pool and tool actors on a Ray cluster). Both run the same functions
+(the agent loop, the reward layer, ``_update_policy``) and write the same checkpoints.
+
 Interrupting (Ctrl-C, SIGTERM) between updates writes a checkpoint of the last finished
 step, so no finished step is lost; ``rlf train --resume RUN_DIR`` continues from the newest
 checkpoint with the same data order.
@@ -121,9 +126,9 @@ class _Task:
             await self.eval_rewards.close()
 
 
-def _build_task(config: RunConfig) -> _Task:
+def _build_env(config: RunConfig) -> Any:
+    """The env of ``config``, its options checked (all unknown ones reported at once)."""
     from .plugins import get_component
-    from .rewards import build_reward_layer
 
     env_cls = get_component("env", config.env)
     env_options = dict(config.env_options)
@@ -146,9 +151,28 @@ def _build_task(config: RunConfig) -> _Task:
         env = env_cls(**env_options)
     except TypeError as exc:
         raise ConfigError([f"env_options: the {config.env!r} env does not take these options ({one_line(exc)})"]) from exc
+    return env
+
+
+def _build_task(config: RunConfig, *, shared_tools: dict[str, Any] | None = None, make_reward: Any = None) -> _Task:
+    """The env, parser, tool manager and reward layers of ``config``, every option checked.
+
+    The ray engine passes ``shared_tools`` (name -> a stand-in for the env's tool of that
+    name, served by a tool actor) and ``make_reward`` (a stand-in for a reward scored on the
+    judge pool; see :func:`rlfactory_core.rewards.build_reward_layer`)."""
+    from .plugins import get_component
+    from .rewards import build_reward_layer
+
+    env = _build_env(config)
     parser = get_component("parser", config.parser)
     manager_cls = get_component("tool_manager", config.tool_manager.name)
     tools = list(getattr(env, "tools", []) or [])
+    if shared_tools:
+        missing = sorted(set(shared_tools) - {t.name for t in tools})
+        if missing:
+            raise ConfigError([f"ray.tool_actors.names: the {config.env!r} env has no tool {name!r} (its tools: "
+                               f"{', '.join(t.name for t in tools) or 'none'})" for name in missing])
+        tools = [shared_tools.get(t.name, t) for t in tools]
     try:  # e.g. a parser made for one tool (search_r1) and an env with others
         parser.render_system_prompt("", tools)
     except Exception as exc:  # noqa: BLE001 - any refusal is a config problem, reported now
@@ -158,8 +182,9 @@ def _build_task(config: RunConfig) -> _Task:
         tool_manager = manager_cls(tools, **config.tool_manager.options)
     except TypeError as exc:
         raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
-    rewards = build_reward_layer(config.rewards, tool_manager)
-    eval_rewards = rewards if config.eval.rewards is None else build_reward_layer(config.eval.rewards, tool_manager)
+    rewards = build_reward_layer(config.rewards, tool_manager, make_reward=make_reward)
+    eval_rewards = rewards if config.eval.rewards is None else build_reward_layer(
+        config.eval.rewards, tool_manager, make_reward=make_reward)
     return _Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, eval_rewards=eval_rewards,
                  offers_tools=bool(tools))
 
@@ -467,19 +492,11 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
     # previous trajectory, but only for a trajectory's first token, which is a prompt token
     # and never scored.
     targets = scored[:, 1:].bool()
-    decoder, head = _decoder_and_head(model)
     with autocast:
-        if decoder is not None:
-            # The vocabulary projection only where a sampled token is scored: prompts and
-            # observations are most of a trajectory, and [tokens, vocab] logits are most of
-            # the memory (49k x 4 bytes a token for SmolLM2).
-            hidden = decoder(input_ids=model_ids, attention_mask=model_mask, position_ids=model_positions,
-                             use_cache=False).last_hidden_state
-            chosen = head(hidden[:, :-1][targets]).float()  # [N, V]
+        if isinstance(model, torch.nn.Module) and getattr(model, "computes_scored_logits", False):
+            chosen = model(model_ids, model_mask, model_positions, targets).float()  # an FSDP root (ray engine)
         else:
-            logits = model(input_ids=model_ids, attention_mask=model_mask, position_ids=model_positions,
-                           use_cache=False).logits
-            chosen = logits[:, :-1][targets].float()
+            chosen = _scored_logits(model, model_ids, model_mask, model_positions, targets).float()
     token_ids = model_ids[:, 1:][targets]
 
     def unpack(values: Any) -> Any:
@@ -499,6 +516,22 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
     return logprobs, entropies
 
 
+def _scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids: Any, targets: Any) -> Any:
+    """``[N, V]`` logits of the positions that predict the ``targets`` (``[b, l-1]`` bool).
+
+    The vocabulary projection only where a sampled token is scored: prompts and
+    observations are most of a trajectory, and [tokens, vocab] logits are most of the
+    memory (49k x 4 bytes a token for SmolLM2)."""
+    decoder, head = _decoder_and_head(model)
+    if decoder is not None:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+        return head(hidden[:, :-1][targets])
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits
+    return logits[:, :-1][targets]
+
+
 def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     """The transformer body and the LM head of a causal LM (also through a peft wrapper);
     ``(None, None)`` when the model does not expose them the standard way."""
@@ -513,21 +546,53 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any]:
     return decoder, head
 
 
-def _forward_no_grad(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool) -> Any:
+@dataclass(frozen=True)
+class _DataParallel:
+    """This process's place in a trainer group (the ray engine): every rank holds the whole
+    batch and takes every ``world``-th micro-batch. FSDP2 runs collectives in each forward
+    and backward, so every rank runs the same number of them: a rank with fewer real
+    micro-batches runs a zero-weight one."""
+
+    rank: int
+    world: int
+
+    def rounds(self, micro_batches: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches as ``(rows, real)``; ``real`` is False for padding."""
+        mine = micro_batches[self.rank::self.world]
+        count = math.ceil(len(micro_batches) / self.world)
+        return [(mine[i], True) if i < len(mine) else (micro_batches[0], False) for i in range(count)]
+
+
+def _forward_no_grad(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool,
+                     dp: _DataParallel | None = None) -> Any:
     import torch
 
     out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
+    micro_batches = _micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
     with torch.no_grad():
-        for micro_rows in _micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed):
+        for micro_rows, real in dp.rounds(micro_batches) if dp else [(m, True) for m in micro_batches]:
             micro = _rows_of(batch, micro_rows)
             logprobs, _ = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed)
-            out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
+            if real:
+                out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
+    if dp:  # each rank filled its rows, zeros elsewhere
+        torch.distributed.all_reduce(out)
+        # FSDP2 keeps per-iteration state that only a backward clears; left over from
+        # forwards without one, it kept the next backward from reducing the root's
+        # gradients (embeddings, final norm: None), so clear it.
+        model.reset_iter_state()
     return out
 
 
 def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config: RunConfig, *,
-                   step: int = 0, packed: bool = False) -> dict[str, float]:
-    """The optimizer steps on one rollout batch (a TensorDict, see above); their statistics."""
+                   step: int = 0, packed: bool = False, dp: _DataParallel | None = None) -> dict[str, float]:
+    """The optimizer steps on one rollout batch (a TensorDict, see above); their statistics.
+
+    ``dp``: one rank of an FSDP2 trainer group (the ray engine). The mini-batches and their
+    loss normalisers are the whole batch's, as here; each rank back-propagates its share of
+    the micro-batches and FSDP sums the ranks' gradients (the ray engine sets it to sum, not
+    average), so the gradient, the clipping and the step are the ones a single process
+    computes (tested for parity)."""
     import torch
 
     from .algorithms.grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
@@ -536,13 +601,13 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
     rows = list(range(batch.batch_size[0]))
     on_policy = g.epochs * g.mini_batches == 1
     if not on_policy:
-        batch["old_logprobs"] = _forward_no_grad(model, batch, rows, config, packed)
+        batch["old_logprobs"] = _forward_no_grad(model, batch, rows, config, packed, dp)
     if g.kl_coef > 0:
         if reference is None:  # LoRA: the base model is the adapters switched off
             with model.disable_adapter():
-                batch["ref_logprobs"] = _forward_no_grad(model, batch, rows, config, packed)
+                batch["ref_logprobs"] = _forward_no_grad(model, batch, rows, config, packed, dp)
         else:
-            batch["ref_logprobs"] = _forward_no_grad(reference, batch, rows, config, packed)
+            batch["ref_logprobs"] = _forward_no_grad(reference, batch, rows, config, packed, dp)
 
     sums: Counter[str] = Counter()
     counts: Counter[str] = Counter()
@@ -553,6 +618,7 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
 
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
+    ranks = dp.world if dp else 1
     shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
     for _epoch in range(g.epochs):
         order = list(rows)
@@ -564,7 +630,8 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
             if num_tokens == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
-            for micro_rows in _micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed):
+            micro_batches = _micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed)
+            for micro_rows, real in dp.rounds(micro_batches) if dp else [(m, True) for m in micro_batches]:
                 micro = _rows_of(batch, micro_rows).to(device)
                 mask = micro["loss_mask"]
                 logprobs, entropies = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,
@@ -577,13 +644,17 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
                 if g.kl_coef > 0:
                     kl = kl_penalty(logprobs, micro["ref_logprobs"], g.kl_estimator)
                     per_token = per_token + g.kl_coef * kl
-                    record("train/kl", masked_mean(kl.detach(), mask), float(mask.sum()))
                 if g.entropy_coef > 0:
                     per_token = per_token - g.entropy_coef * entropies
                 loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=len(mini))
+                if not real:  # padding for the collectives: no gradient, no statistics
+                    (loss * 0.0).backward()
+                    continue
                 loss.backward()
                 tokens = float(mask.sum())
                 sums["train/loss"] += float(loss.detach())
+                if g.kl_coef > 0:
+                    record("train/kl", masked_mean(kl.detach(), mask), tokens)
                 record("train/entropy", masked_mean(entropies.detach(), mask), tokens)
                 record("train/clip_fraction", stats["clip_fraction"], tokens)
                 record("train/ratio_mean", stats["ratio_mean"], tokens)
@@ -595,18 +666,41 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
                     record("train/tis_weight_mean", masked_mean(weights, mask), tokens)
                 sums["train/trained_tokens"] += tokens
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm or float("inf"))
-            record("train/grad_norm", grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the norm over all shards
+                grad_norm = grad_norm.full_tensor()
+            # the same on every rank: counted once when the ranks' statistics are merged
+            sums["train/grad_norm"] += float(grad_norm) / ranks
+            counts["train/grad_norm"] += 1 / ranks
             optimizer.step()
-            counts["train/loss"] += 1
-            sums["train/optimizer_steps"] += 1
+            counts["train/loss"] += 1 / ranks
+            sums["train/optimizer_steps"] += 1 / ranks
+    if dp:
+        sums, counts = _merge_rank_statistics(sums, counts)
     out = {}
     for key, total in sums.items():
         if key in ("train/ratio_max", "train/trained_tokens", "train/optimizer_steps"):
             out[key] = total
         elif counts[key]:
             out[key] = total / counts[key]
+    if "train/optimizer_steps" in out:
+        out["train/optimizer_steps"] = round(out["train/optimizer_steps"])
     out.setdefault("train/kl", 0.0)
     return out
+
+
+def _merge_rank_statistics(sums: Counter[str], counts: Counter[str]) -> tuple[Counter[str], Counter[str]]:
+    """Every rank's sums and weights added up (``train/ratio_max``: the largest)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (dict(sums), dict(counts)))
+    all_sums: Counter[str] = Counter()
+    all_counts: Counter[str] = Counter()
+    for rank_sums, rank_counts in gathered:
+        for key, value in rank_sums.items():
+            all_sums[key] = max(all_sums[key], value) if key == "train/ratio_max" else all_sums[key] + value
+        all_counts.update(rank_counts)
+    return all_sums, all_counts
 
 
 def _return_freed_memory() -> None:
@@ -630,14 +724,12 @@ def _rollout_config(config: RunConfig, step: int, *, temperature: float | None =
     return rollout
 
 
-async def _run_eval(step: int, samples: Sequence[Any], task: _Task, backend: Any, chat: Any, config: RunConfig,
-                    out_dir: Path | None, tokenizer: Any) -> dict[str, float]:
-    from .rollout import rollout, rollout_metrics
+async def _run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunConfig, out_dir: Path | None,
+                    tokenizer: Any) -> dict[str, float]:
+    from .rollout import rollout_metrics
 
-    trajectories = await rollout(samples, env=task.env, parser=task.parser, tool_manager=task.tool_manager,
-                                 backend=backend, chat=chat,
-                                 config=_rollout_config(config, -1, temperature=config.eval.temperature))
-    scored = await task.eval_rewards.score(trajectories, samples)
+    trajectories, scored, _ = await engine.rollout(
+        samples, _rollout_config(config, -1, temperature=config.eval.temperature), group_size=1, rewards="eval")
     metrics = scored.metrics("eval/reward")
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(_tool_metrics("eval/tools", rollout_stats, trajectories))
@@ -667,6 +759,127 @@ def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in trajectory.tool_calls],
                 "text": tokenizer.decode(ids),
             }, ensure_ascii=False) + "\n")
+
+
+class _NotScoredHere:
+    """The driver's placeholder for a reward the ray engine scores on its judge pool."""
+
+    description = "scored on the ray judge pool"
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def score(self, trajectory: Any, sample: Any) -> None:
+        raise RLFactoryError(f"the {self.name!r} reward is scored on the ray judge pool, not in the driver")
+
+
+# --------------------------------------------------------------------------- engines
+#
+# The loop below drives an engine: ``rollout`` (trajectories and their rewards), ``update``
+# (the optimizer steps on a batch), ``sync_weights`` (the new policy to the generation
+# backends) and ``save`` (a checkpoint). ``_LocalEngine`` does all of it in this process;
+# ``rlfactory_core.ray_engine.RayEngine`` places the same work on Ray actors.
+
+
+class _LocalRollout:
+    """Rollout and rewards with one generation backend, in this process (also what each of
+    the ray engine's rollout workers runs)."""
+
+    def __init__(self, task: _Task, backend: Any, chat: Any):
+        self.task, self.backend, self.chat = task, backend, chat
+
+    async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                      rewards: str = "train") -> tuple[list[Any], Any, dict[str, float]]:
+        """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
+        rewards; also the phases' times (``time/rollout``, ``time/reward``)."""
+        from .rollout import rollout
+
+        t = time.perf_counter()
+        trajectories = await rollout(samples, env=self.task.env, parser=self.task.parser,
+                                     tool_manager=self.task.tool_manager, backend=self.backend, chat=self.chat,
+                                     config=rollout_config, group_size=group_size)
+        times = {"time/rollout": time.perf_counter() - t}
+        t = time.perf_counter()
+        layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
+        scored = await layer.score(trajectories, [s for s in samples for _ in range(group_size)])
+        times["time/reward"] = time.perf_counter() - t
+        return trajectories, scored, times
+
+
+class _LocalEngine:
+    """The policy (and the reference model), its optimizer, and the generation backend, all
+    in this process."""
+
+    def __init__(self, config: RunConfig, task: _Task, tokenizer: Any, *, base_path: Path,
+                 checkpoint: Path | None):
+        self.config, self.task, self.tokenizer = config, task, tokenizer
+        self.base_path, self.checkpoint = base_path, checkpoint
+
+    async def start(self) -> dict[str, Any] | None:
+        """Load the models and the backend; the checkpoint's state (None for a new run)."""
+        import torch
+
+        from .checkpoint import load_checkpoint
+        from .models import load_model
+        from .rollout import ChatTemplate
+
+        config, checkpoint = self.config, self.checkpoint
+        device = _device(config)
+        model_path = checkpoint / "model" if checkpoint else self.base_path
+        adapter = checkpoint / "adapter" if checkpoint and (checkpoint / "adapter").exists() else None
+        self.policy = _load_policy(config, self.base_path if adapter else model_path, device, adapter)
+        self.reference = None
+        if config.grpo.kl_coef > 0 and not config.model.lora.enabled:
+            self.reference = load_model(self.base_path, dtype=config.model.dtype, device=device).eval()
+            self.reference.config._attn_implementation = _attn_implementation(config, device)  # noqa: SLF001
+            self.reference.requires_grad_(False)
+        self.packed = _use_packing(config, _attn_implementation(config, device))
+        # Every update on one thread: glibc gives each thread its own malloc arena, and the
+        # gigabytes an update frees would otherwise stay behind in whichever arena the executor's
+        # thread of the moment used (a deepsearch run grew ~3 GB a step and was OOM-killed).
+        self.train_thread = ThreadPoolExecutor(1, thread_name_prefix="rlf-train")
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
+                                           lr=config.train.lr, betas=tuple(config.train.betas),
+                                           weight_decay=config.train.weight_decay)
+        self.scheduler = _scheduler(self.optimizer, config)
+        state = None
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.backend = _make_backend(config, model_path)
+        if hasattr(self.backend, "start"):
+            await self.backend.start()
+        self.generation = _LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer))
+        return state
+
+    async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                      rewards: str = "train") -> tuple[list[Any], Any, dict[str, float]]:
+        return await self.generation.rollout(samples, rollout_config, group_size=group_size, rewards=rewards)
+
+    async def update(self, batch: Any, step: int) -> dict[str, float]:
+        stats = await asyncio.get_running_loop().run_in_executor(
+            self.train_thread, functools.partial(_update_policy, self.policy, self.reference, self.optimizer,
+                                                 batch, self.config, step=step, packed=self.packed))
+        _return_freed_memory()
+        self.scheduler.step()
+        stats["train/lr"] = self.scheduler.get_last_lr()[0]
+        return stats
+
+    async def sync_weights(self) -> dict[str, float]:
+        await self.backend.update_weights(_weights_for_backend(self.policy))
+        return {}
+
+    def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
+        from .checkpoint import save_checkpoint
+
+        save_checkpoint(run_dir, step, model=self.policy, tokenizer=tokenizer, optimizer=self.optimizer,
+                        scheduler=self.scheduler, state=state, config=self.config.model_dump(mode="json"),
+                        keep=self.config.checkpoint.keep)
+
+    async def close(self) -> None:
+        if hasattr(self, "train_thread"):
+            self.train_thread.shutdown(wait=True)
+        if hasattr(self, "backend"):
+            await self.backend.close()
 
 
 # --------------------------------------------------------------------------- the loop
@@ -701,10 +914,10 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     import torch
     import yaml
 
-    from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from .checkpoint import latest_checkpoint
     from .metrics import LiveView, MetricsLogger
     from .models import load_tokenizer, resolve_model
-    from .rollout import ChatTemplate, rollout, rollout_metrics
+    from .rollout import rollout_metrics
 
     # ---- run directory, config, resume point
     checkpoint = None
@@ -727,44 +940,32 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     random.seed(config.train.seed)
     torch.manual_seed(config.train.seed)
 
-    # ---- task, data, model, optimizer
-    task = _build_task(config)
+    # ---- task, data, the engine (model, optimizer, generation)
+    pooled = set(config.ray.judge.rewards) if config.engine == "ray" else set()
+    # The ray engine's rollout workers score; here the task gives the data and checks the
+    # config, so judge-pool rewards (a judge model) are not loaded in this process.
+    task = _build_task(config, make_reward=lambda spec: _NotScoredHere(spec.name) if spec.name in pooled else None)
     train_samples = load_samples(config, task.env, "train", config.data.train_size)
     eval_samples = load_samples(config, task.env, "test", config.data.eval_size)
     if not train_samples:
         raise ConfigError(["data: the training set is empty"])
-    name = config.model.name
-    base_path = resolve_model(name)  # an embedded name is prepared (converted once) here
-    device = _device(config)
-    model_path = checkpoint / "model" if checkpoint else base_path
-    adapter = checkpoint / "adapter" if checkpoint and (checkpoint / "adapter").exists() else None
+    base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
     tokenizer = load_tokenizer(base_path)
-    policy = _load_policy(config, base_path if adapter else model_path, device, adapter)
-    reference = None
-    if config.grpo.kl_coef > 0 and not config.model.lora.enabled:
-        from .models import load_model
+    if config.engine == "ray":
+        from .ray_engine import RayEngine
 
-        reference = load_model(base_path, dtype=config.model.dtype, device=device).eval()
-        reference.config._attn_implementation = _attn_implementation(config, device)  # noqa: SLF001
-        reference.requires_grad_(False)
-    packed = _use_packing(config, _attn_implementation(config, device))
-    # Every update on one thread: glibc gives each thread its own malloc arena, and the
-    # gigabytes an update frees would otherwise stay behind in whichever arena the executor's
-    # thread of the moment used (a deepsearch run grew ~3 GB a step and was OOM-killed).
-    train_thread = ThreadPoolExecutor(1, thread_name_prefix="rlf-train")
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=config.train.lr,
-                                  betas=tuple(config.train.betas), weight_decay=config.train.weight_decay)
-    scheduler = _scheduler(optimizer, config)
+        engine: Any = RayEngine(config, base_path=base_path, checkpoint=checkpoint, console=console)
+    else:
+        engine = _LocalEngine(config, task, tokenizer, base_path=base_path, checkpoint=checkpoint)
+    try:
+        resumed = await engine.start()
+    except BaseException:
+        await engine.close()
+        raise
     state = {"position": 0}
     start_step = 0
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, optimizer=optimizer, scheduler=scheduler)
-        start_step = int(state["step"])
-
-    chat = ChatTemplate(tokenizer)
-    backend = _make_backend(config, model_path)
-    if hasattr(backend, "start"):
-        await backend.start()
+    if resumed is not None:
+        state, start_step = resumed, int(resumed["step"])
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     logger = MetricsLogger(run_dir, tensorboard=config.logging.tensorboard,
                            wandb_project=config.logging.wandb_project, wandb_entity=config.logging.wandb_entity,
@@ -780,16 +981,14 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
 
     def save(at_step: int) -> None:
         nonlocal last_saved
-        save_checkpoint(run_dir, at_step, model=policy, tokenizer=tokenizer, optimizer=optimizer,
-                        scheduler=scheduler, state={"position": state["position"]},
-                        config=config.model_dump(mode="json"), keep=config.checkpoint.keep)
+        engine.save(run_dir, at_step, state={"position": state["position"]}, tokenizer=tokenizer)
         last_saved = at_step
 
     try:
         with view, _Stop() as stop:
             if start_step == 0:
                 view.phase("eval")
-                metrics = await _run_eval(0, eval_samples, task, backend, chat, config, run_dir / "samples", tokenizer)
+                metrics = await _run_eval(0, eval_samples, engine, config, run_dir / "samples", tokenizer)
                 logger.log(0, metrics)
                 view.message(f"eval before training: reward {metrics['eval/reward/mean']:.3f}, "
                              f"accuracy {metrics['eval/reward/accuracy']:.3f}, "
@@ -805,40 +1004,27 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 indices = _batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
                                          state["position"], shuffle=config.data.shuffle)
                 samples = [train_samples[i] for i in indices]
-                t = time.perf_counter()
-                trajectories = await rollout(samples, env=task.env, parser=task.parser,
-                                             tool_manager=task.tool_manager, backend=backend, chat=chat,
-                                             config=_rollout_config(config, step), group_size=G)
-                times["time/rollout"] = time.perf_counter() - t
+                trajectories, scored, rollout_times = await engine.rollout(
+                    samples, _rollout_config(config, step), group_size=G, rewards="train")
+                times.update(rollout_times)  # time/rollout, time/reward
                 if stop.requested:
                     raise TrainingInterrupted(f"stopped during the rollout of step {step}")
-
-                # 3. rewards
-                view.phase("reward")
-                t = time.perf_counter()
-                expanded = [s for s in samples for _ in range(G)]
-                scored = await task.rewards.score(trajectories, expanded)
                 totals = scored.totals
-                times["time/reward"] = time.perf_counter() - t
 
                 # 4-6. advantages and the update (not interruptible: a half-applied step is lost)
                 view.phase("train")
                 t = time.perf_counter()
                 batch = _build_batch(trajectories, totals, config, pad_id)
-                train_stats = await asyncio.get_running_loop().run_in_executor(
-                    train_thread, functools.partial(_update_policy, policy, reference, optimizer, batch, config,
-                                                    step=step, packed=packed))
+                train_stats = await engine.update(batch, step)
                 sequence_advantages, batch_tokens = batch["sequence_advantages"], float(batch["attention_mask"].sum())
                 del batch
-                _return_freed_memory()
-                scheduler.step()
                 state["position"] += len(indices)
                 times["time/train"] = time.perf_counter() - t
 
                 # 7. weight sync
                 view.phase("weight sync")
                 t = time.perf_counter()
-                await backend.update_weights(_weights_for_backend(policy))
+                sync_metrics = await engine.sync_weights()
                 times["time/weight_sync"] = time.perf_counter() - t
 
                 # 8. metrics and warnings
@@ -849,7 +1035,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics.update({"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std()),
                                 "advantage/max": float(adv.max()), "advantage/min": float(adv.min())})
                 metrics.update(train_stats)
-                metrics["train/lr"] = scheduler.get_last_lr()[0]
+                metrics.update(sync_metrics)
                 rollout_stats = rollout_metrics(trajectories)
                 metrics.update(rollout_stats)
                 metrics.update(_tool_metrics("tools", rollout_stats, trajectories))
@@ -874,8 +1060,8 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 if config.eval.every and step % config.eval.every == 0 or step == config.train.steps:
                     view.phase("eval")
                     t = time.perf_counter()
-                    metrics.update(await _run_eval(step, eval_samples, task, backend, chat, config,
-                                                   run_dir / "samples", tokenizer))
+                    metrics.update(await _run_eval(step, eval_samples, engine, config, run_dir / "samples",
+                                                   tokenizer))
                     times["time/eval"] = time.perf_counter() - t
                     view.message(f"eval at step {step}: reward {metrics['eval/reward/mean']:.3f}, "
                                  f"accuracy {metrics['eval/reward/accuracy']:.3f}")
@@ -904,8 +1090,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     finally:
         notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
         logger.close()
-        train_thread.shutdown(wait=True)
-        await backend.close()
+        await engine.close()
         await task.close_rewards()
         with contextlib.suppress(Exception):
             await task.tool_manager.close()
@@ -938,7 +1123,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     if hasattr(backend, "start"):
         await backend.start()
     try:
-        metrics = await _run_eval(0, samples, task, backend, ChatTemplate(tokenizer), config,
+        metrics = await _run_eval(0, samples, _LocalRollout(task, backend, ChatTemplate(tokenizer)), config,
                                   report_dir / "samples" if report_dir else None, tokenizer)
     finally:
         await backend.close()

@@ -95,3 +95,20 @@ def test_describe_lists_every_leaf_key_with_help():
     for key in ("train.lr", "grpo.clip_high", "rollout.sampling.temperature", "model.lora.r", "logging.wandb_project"):
         assert key in rows and rows[key][1]
     assert rows["grpo.group_size"][0] == "4"
+
+
+def test_ray_engine_options_are_checked_up_front():
+    config = load_config([], ["engine=ray", "ray.trainer.workers=2", "ray.judge.rewards=[exact_match]"])
+    assert config.ray.trainer.workers == 2 and config.ray.placement == "colocated"
+    with pytest.raises(ConfigError, match="ray engine trains all weights"):
+        load_config([], ["engine=ray", "model.lora.enabled=true"])
+    with pytest.raises(ConfigError, match=r"ray.judge.rewards: \['qwq_judge'\] are not in rewards"):
+        load_config([], ["engine=ray", "ray.judge.rewards=[qwq_judge]"])
+    with pytest.raises(ConfigError, match="ray.rollout.workers must be at least 1"):
+        load_config([], ["engine=ray", "ray.rollout.workers=0"])
+    with pytest.raises(ConfigError) as info:
+        load_config([], ["ray.trainer.cpus=0", "ray.placement=spread", "ray.unknown=1"])
+    text = str(info.value)
+    assert "ray.trainer.cpus" in text and "ray.placement" in text and "ray.unknown" in text
+    rows = {key for key, _, _ in describe()}
+    assert {"ray.trainer.gpus", "ray.judge.rewards", "ray.tool_actors.names", "ray.address"} <= rows
