@@ -1,0 +1,559 @@
+"""The env ``android``: operate a phone through tools to reach a goal.
+
+An episode is one task (:mod:`rlfactory_android.tasks`). ``reset`` leases a device from the
+backend's pool (one device per trajectory), puts it into the task's start state and shows
+the model the goal and the screen: the UI hierarchy as a numbered list of elements
+(:mod:`rlfactory_android.ui`). The model acts through tools, each answering with what it did
+and the screen after it:
+
+* ``tap(element | x, y)``, ``long_press(element | x, y)``: an element's number from the last
+  screen shown, or a point in screen pixels;
+* ``swipe(direction, element?)``: the finger moves up/down/left/right across the element (a
+  list) or the middle of the screen; swiping up shows what is further down a list;
+* ``type_text(text, element?)``: types into the element (tapped first to focus it), or into
+  the focused field;
+* ``press_key(key)``: ``back``, ``home`` or ``enter``;
+* ``open_app(app)``: one of the env's ``apps``;
+* ``wait(seconds)``: lets the device settle (the simulated phone does not need it).
+
+Bad actions never crash the episode: an element that is not on the screen, a point off the
+screen, text into something that is not a text field, an unknown key or app, or a tool
+without its required arguments come back to the model as one-line errors
+(``invalid_arguments``); a device that fails an operation comes back as its one-line error,
+counted as a ``tool_error`` whose ``metadata["tool_error"]`` is ``device_error``.
+Actions are not retried (a tap is not idempotent); several actions in one turn run one
+after another, in the order they reach the device.
+
+A turn without a tool call ends the episode (the model says it is done). ``close`` then
+reads the task's success check from the device state (a setting's value, a contact, a note,
+a field's text), before the device is released, and keeps the verdict in the episode's
+state, where the ``android_task`` reward (:mod:`rlfactory_android.reward`) reads it.
+
+Backends (``backend``): ``simulated`` (default), the deterministic simulated phone of
+:mod:`rlfactory_android.simulated`, one per concurrent trajectory; ``adb``, real devices or
+emulators through ``adb`` (:mod:`rlfactory_android.adb`), leased one per trajectory from
+``devices`` (serials; all connected devices by default).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlfactory_core.errors import ConfigError, RLFactoryError
+from rlfactory_core.plugins import get_component
+from rlfactory_core.tools import ToolArgumentsError, run_in_tool_thread
+from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
+
+from .device import KEYS, Check, Device, DeviceError, StartState
+from .simulated import APPS as SIMULATED_APPS
+from .simulated import SimulatedPhone
+from .tasks import BUILTIN_DIR, Task, check_text, load_tasks, read_task
+from .ui import Screen, parse_ui, render_screen
+
+__all__ = ["AndroidEnv", "SimulatedPool", "evaluate_check", "INSTRUCTION", "OPTIONS", "BACKENDS", "ADB_APPS"]
+
+INSTRUCTION = (
+    "You operate an Android phone to complete a task. You see the screen as a numbered list of its elements. "
+    "Act with one tool call at a time: tap or long_press an element by its number, type_text into a text field, "
+    "swipe to scroll, press_key (back, home, enter), or open_app. Each tool shows the screen after the action. "
+    "When the task is complete, reply without a tool call, saying Done."
+)
+BACKENDS = ("simulated", "adb")
+#: The apps of the ``adb`` backend unless ``apps`` says otherwise: AOSP's Settings and Contacts.
+ADB_APPS = {"Settings": "com.android.settings", "Contacts": "com.android.contacts"}
+OPTIONS = ("backend", "splits", "devices", "adb_path", "device_timeout_s", "apps", "few_shot", "parser")
+_SWIPE = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
+
+
+class SimulatedPool:
+    """Simulated phones, one per trajectory: a free one, or a new one up to ``size`` (None:
+    no limit; more trajectories than ``size`` wait for a phone)."""
+
+    def __init__(self, size: int | None = None):
+        self.size = size
+        self.phones: list[SimulatedPhone] = []
+        self._free: list[SimulatedPhone] = []
+        self._released: asyncio.Condition | None = None  # made on first use, in the running loop
+
+    async def lease(self) -> SimulatedPhone:
+        if self._released is None:
+            self._released = asyncio.Condition()
+        async with self._released:
+            while not self._free and self.size is not None and len(self.phones) >= self.size:
+                await self._released.wait()
+            if self._free:
+                return self._free.pop()
+            phone = SimulatedPhone(serial=f"simulated-{len(self.phones)}")
+            self.phones.append(phone)
+            return phone
+
+    async def release(self, phone: SimulatedPhone) -> None:
+        if self._released is None:
+            self._released = asyncio.Condition()
+        async with self._released:
+            self._free.append(phone)
+            self._released.notify()
+
+
+def evaluate_check(device: Device, check: Check) -> tuple[bool, str]:
+    """Read ``check`` from ``device``: (success, what was found). ``DeviceError`` when the
+    device cannot tell (e.g. a note check on a real device)."""
+    if check.kind == "setting":
+        value = device.get_setting(check.name)
+        return value == check.value, f"{check.name} = {value}"
+    if check.kind in ("contact_exists", "contact_absent"):
+        contacts = device.list_contacts()
+        wanted = " ".join(check.name.split()).casefold()
+        matches = [phone for name, phone in contacts if " ".join(name.split()).casefold() == wanted]
+        if check.kind == "contact_absent":
+            return not matches, f"{len(matches)} contact(s) named {check.name!r}"
+        if check.value:
+            digits = "".join(ch for ch in check.value if ch.isdigit())
+            ok = any("".join(ch for ch in phone if ch.isdigit()) == digits for phone in matches)
+            return ok, f"contacts named {check.name!r} have phones {matches}"
+        return bool(matches), f"{len(matches)} contact(s) named {check.name!r}"
+    if check.kind == "note_exists":
+        notes = device.list_notes()
+        wanted = (check.value or "").strip().casefold()
+        return any(note.strip().casefold() == wanted for note in notes), f"notes: {notes}"
+    screen = parse_ui(device.dump_ui(), device.screen_size)
+    element = screen.find(check.name)
+    if element is None:
+        return False, f"no element {check.name} on the screen"
+    return element.text.strip() == (check.value or "").strip(), f"{check.name} shows {element.text!r}"
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def _target_schema() -> dict[str, Any]:
+    return {"element": {"type": "integer", "minimum": 1, "description": "the element's number on the screen"},
+            "x": {"type": "integer", "description": "a point's x in screen pixels (instead of element)"},
+            "y": {"type": "integer", "description": "a point's y in screen pixels (instead of element)"}}
+
+
+class _PhoneTool:
+    """A tool acting on the episode's device (``ctx["state"]``, set by ``reset``)."""
+
+    name = ""
+    description = ""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+
+    def __init__(self, env: "AndroidEnv"):
+        self._env = env
+        self.parameters = {"type": "object", "properties": self.properties, "required": self.required,
+                           "additionalProperties": False}
+
+    @staticmethod
+    def _state(ctx: dict[str, Any] | None) -> dict[str, Any]:
+        state = (ctx or {}).get("state")
+        if not isinstance(state, dict) or "device" not in state:
+            raise RuntimeError("the android tools run inside an android episode: ctx['state']['device'] is missing")
+        return state
+
+    async def call(self, arguments: dict[str, Any], ctx: dict[str, Any] | None = None) -> ToolResult:
+        state = self._state(ctx)
+        async with state["lock"]:  # one action at a time on a device, in order
+            screen: Screen = state["screen"]
+            action = self._plan(arguments, screen, state)  # ToolArgumentsError for a bad action
+            device: Device = state["device"]
+            try:
+                done = await run_in_tool_thread(self._act, device, action)
+                state["actions"] += 1
+                state["screen"] = screen = await run_in_tool_thread(self._env.read_screen, device)
+            except DeviceError as exc:
+                return ToolResult(name=self.name, content=f"Error: {exc}", error="device_error")
+        return ToolResult(name=self.name, content=f"{done}\n{render_screen(screen)}")
+
+    def _plan(self, arguments: dict[str, Any], screen: Screen, state: dict[str, Any]) -> Any:
+        return arguments
+
+    def _act(self, device: Device, action: Any) -> str:
+        raise NotImplementedError  # every tool below defines it
+
+    def _point(self, arguments: dict[str, Any], screen: Screen) -> tuple[int, int, str]:
+        """The point ``arguments`` name: an element's center or (x, y); and how to say it."""
+        element, x, y = arguments.get("element"), arguments.get("x"), arguments.get("y")
+        if element is not None:
+            if x is not None or y is not None:
+                raise ToolArgumentsError(f"{self.name}: give an element number or x and y, not both")
+            found = screen.element(element)
+            if found is None:
+                shown = f"1-{len(screen.elements)}" if screen.elements else "none"
+                raise ToolArgumentsError(f"{self.name}: there is no element {element} on the screen "
+                                         f"(the elements shown are {shown})")
+            cx, cy = found.center
+            label = f' "{found.label}"' if found.label else ""
+            return cx, cy, f"element {element} ({found.short_class}{label})"
+        if x is None or y is None:
+            raise ToolArgumentsError(f"{self.name}: give the number of an element on the screen "
+                                     '(e.g. {"element": 3}) or a point as x and y')
+        width, height = screen.size
+        if not (0 <= x < width and 0 <= y < height):
+            raise ToolArgumentsError(f"{self.name}: ({x},{y}) is off the screen, which is {width}x{height} "
+                                     "(x from 0 to {}, y from 0 to {})".format(width - 1, height - 1))
+        return x, y, f"({x},{y})"
+
+
+class TapTool(_PhoneTool):
+    name = "tap"
+    description = "Tap an element of the screen (by its number) or a point (x, y)."
+    properties = _target_schema()
+
+    def _plan(self, arguments, screen, state):
+        return self._point(arguments, screen)
+
+    def _act(self, device, action):
+        x, y, what = action
+        device.tap(x, y)
+        return f"Tapped {what}."
+
+
+class LongPressTool(_PhoneTool):
+    name = "long_press"
+    description = "Press and hold an element of the screen (by its number) or a point (x, y)."
+    properties = _target_schema()
+
+    def _plan(self, arguments, screen, state):
+        return self._point(arguments, screen)
+
+    def _act(self, device, action):
+        x, y, what = action
+        device.long_press(x, y)
+        return f"Long-pressed {what}."
+
+
+class SwipeTool(_PhoneTool):
+    name = "swipe"
+    description = ("Swipe a finger across an element (by its number, e.g. a list) or the middle of the screen. "
+                   "Swiping up shows what is further down a list.")
+    properties = {"direction": {"type": "string", "enum": list(_SWIPE), "description": "where the finger moves"},
+                  "element": {"type": "integer", "minimum": 1, "description": "the element to swipe across"}}
+    required = ["direction"]
+
+    def _plan(self, arguments, screen, state):
+        if arguments.get("element") is not None:
+            found = screen.element(arguments["element"])
+            if found is None:
+                raise ToolArgumentsError(f"swipe: there is no element {arguments['element']} on the screen")
+            x1, y1, x2, y2 = found.bounds
+        else:
+            x1, y1, x2, y2 = 0, 0, *screen.size
+        dx, dy = _SWIPE[arguments["direction"]]
+        cx, cy = (x1 + x2) // 2, (y1 + y2) // 2
+        # 3/4 of the element's extent, kept on the screen
+        half_w, half_h = (x2 - x1) * 3 // 8, (y2 - y1) * 3 // 8
+        return (cx - dx * half_w, cy - dy * half_h, cx + dx * half_w, cy + dy * half_h, arguments["direction"])
+
+    def _act(self, device, action):
+        x1, y1, x2, y2, direction = action
+        device.swipe(x1, y1, x2, y2)
+        return f"Swiped {direction}."
+
+
+class TypeTextTool(_PhoneTool):
+    name = "type_text"
+    description = "Type text into a text field: the element given (by its number) or the focused field."
+    properties = {"text": {"type": "string", "minLength": 1, "description": "the text to type"},
+                  "element": {"type": "integer", "minimum": 1, "description": "the text field's number"}}
+    required = ["text"]
+
+    def _plan(self, arguments, screen, state):
+        number = arguments.get("element")
+        if number is None:
+            focused = [e for e in screen.elements if e.editable and e.focused]
+            if not focused:
+                raise ToolArgumentsError("type_text: no text field is focused; give the field's number as element "
+                                         "(a field is listed as editable)")
+            return None, arguments["text"], f"element {focused[0].number}"
+        found = screen.element(number)
+        if found is None:
+            raise ToolArgumentsError(f"type_text: there is no element {number} on the screen")
+        if not found.editable:
+            label = f' "{found.label}"' if found.label else ""
+            raise ToolArgumentsError(f"type_text: element {number} ({found.short_class}{label}) is not a text field; "
+                                     "type into an element listed as editable")
+        return found.center, arguments["text"], f"element {number}"
+
+    def _act(self, device, action):
+        point, text, where = action
+        if point is not None:
+            device.tap(*point)  # focus the field first
+        device.input_text(text)
+        return f"Typed {text!r} into {where}."
+
+
+class PressKeyTool(_PhoneTool):
+    name = "press_key"
+    description = "Press a key: back, home or enter."
+    properties = {"key": {"type": "string", "enum": list(KEYS), "description": "the key"}}
+    required = ["key"]
+
+    def _act(self, device, action):
+        device.press_key(action["key"])
+        return f"Pressed {action['key']}."
+
+
+class OpenAppTool(_PhoneTool):
+    name = "open_app"
+    description = "Open an app on its start screen."
+    required = ["app"]
+
+    def __init__(self, env: "AndroidEnv"):
+        self.properties = {"app": {"type": "string", "enum": list(env.apps), "description": "the app's name"}}
+        super().__init__(env)
+
+    def _act(self, device, action):
+        device.open_app(self._env.apps[action["app"]])
+        return f"Opened {action['app']}."
+
+
+class WaitTool(_PhoneTool):
+    name = "wait"
+    description = "Wait for the screen to settle (e.g. after opening an app), then show it."
+    properties = {"seconds": {"type": "number", "minimum": 0, "maximum": 10, "description": "how long, at most 10"}}
+    required = ["seconds"]
+
+    def _act(self, device, action):
+        if not isinstance(device, SimulatedPhone):  # the simulation has no time to wait for
+            import time
+            time.sleep(float(action["seconds"]))
+        return f"Waited {action['seconds']} s."
+
+
+TOOLS = (TapTool, LongPressTool, SwipeTool, TypeTextTool, PressKeyTool, OpenAppTool, WaitTool)
+
+
+# --------------------------------------------------------------------------- the env
+
+
+class AndroidEnv:
+    """Operate an Android phone through tools (see the module docstring).
+
+    :param backend: ``simulated`` (default) or ``adb``.
+    :param splits: split name -> task file (JSONL, absolute or relative to the working
+        directory), merged over the built-in ``train`` and ``test`` (for the simulated phone);
+        ``null`` drops a split.
+    :param devices: simulated: how many phones at most (default one per concurrent
+        trajectory); adb: the serials to use (default every connected device).
+    :param adb_path: the ``adb`` binary (adb backend).
+    :param device_timeout_s: the time limit of one adb command.
+    :param apps: app name -> package, what ``open_app`` and a task's ``start.app`` may name;
+        default the simulated phone's Settings, Contacts and Notes, or AOSP's Settings and
+        Contacts on a device.
+    :param few_shot: show a worked example (a task done on the simulated phone, its tool
+        calls written by the run's parser) before the task; default on for the simulated
+        backend only.
+    :param parser: the parser that writes the example's tool calls (the run's; set by the trainer).
+    """
+
+    name = "android"
+    description = ("Android GUI agent: operate a phone through tap/swipe/type/key/app tools to reach a goal, "
+                   "rewarded by a success check on the device state (simulated phone or adb devices).")
+
+    config_defaults: dict[str, Any] = {
+        "parser": "qwen3",
+        "rewards": [{"name": "android_task"}],
+        "eval": {"every": 5, "temperature": 0.0},
+        "rollout": {"max_turns": 6, "max_tokens_per_turn": 64, "max_trajectory_tokens": 4096,
+                    "sampling": {"temperature": 0.8}},
+        "grpo": {"group_size": 4, "prompts_per_step": 4},
+        "train": {"steps": 10, "lr": 1e-5},
+        "data": {"eval_size": 28},
+        "checkpoint": {"every": 5},
+    }
+
+    def __init__(self, backend: str = "simulated", splits: dict[str, str | None] | None = None,
+                 devices: int | list[str] | None = None, adb_path: str = "adb", device_timeout_s: float = 15.0,
+                 apps: dict[str, str] | None = None, few_shot: bool | None = None, parser: str = "qwen3",
+                 **unknown: Any):
+        problems = [f"env_options.{key}: unknown option (options: {', '.join(OPTIONS)})" for key in unknown]
+        if backend not in BACKENDS:
+            problems.append(f"env_options.backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
+            backend = "simulated"
+        self.backend = backend
+        if backend == "simulated":
+            if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+                problems.append(f"env_options.devices: with the simulated backend, the most phones at once "
+                                f"(a whole number >= 1), got {devices!r}")
+        elif devices is not None and (not isinstance(devices, list) or not all(isinstance(s, str) for s in devices)
+                                      or not devices):
+            problems.append(f"env_options.devices: with the adb backend, a list of device serials (adb devices), "
+                            f"got {devices!r}")
+        if not isinstance(adb_path, str) or not adb_path:
+            problems.append(f"env_options.adb_path: must be the adb binary's path, got {adb_path!r}")
+        if isinstance(device_timeout_s, bool) or not isinstance(device_timeout_s, (int, float)) \
+                or not 0 < device_timeout_s <= 600:
+            problems.append(f"env_options.device_timeout_s: must be seconds in (0, 600], got {device_timeout_s!r}")
+        default_apps = SIMULATED_APPS if backend == "simulated" else ADB_APPS
+        if apps is not None and (not isinstance(apps, dict) or not apps
+                                 or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in apps.items())):
+            problems.append(f"env_options.apps: must map app names to package names, got {apps!r}")
+            apps = None
+        self.apps: dict[str, str] = dict(apps or default_apps)
+        if few_shot is not None and not isinstance(few_shot, bool):
+            problems.append(f"env_options.few_shot: must be true or false, got {few_shot!r}")
+        self.few_shot = (backend == "simulated") if few_shot is None else bool(few_shot)
+        self.split_files = self._split_files(splits, problems)
+        self.parser: Any = None
+        if self.few_shot:
+            try:
+                self.parser = get_component("parser", parser)
+            except RLFactoryError as exc:
+                problems.append(f"env_options.parser: {exc}")
+            else:
+                if not callable(getattr(self.parser, "format_tool_call", None)):
+                    problems.append(f"env_options.few_shot: the {parser!r} parser cannot write the example's tool "
+                                    "calls (it has no format_tool_call); set few_shot: false")
+        if self.few_shot and not set(SIMULATED_APPS) <= set(self.apps):
+            problems.append("env_options.few_shot: the worked example opens Settings; with apps without it, "
+                            "set few_shot: false")
+        if problems:
+            raise ConfigError(problems, hint="see the options table in the rlfactory-plugin-android README")
+        self.devices, self.adb_path, self.device_timeout_s = devices, adb_path, float(device_timeout_s)
+        self.tools = [tool(self) for tool in TOOLS]
+        self._pool: Any = None
+        if backend == "adb":  # no device, or no adb, is a config error now, not a failed trajectory each
+            try:
+                self._get_pool()
+            except DeviceError as exc:
+                raise ConfigError([f"env_options.devices: {exc}"],
+                                  hint="connect a device or start an emulator (adb devices), or use "
+                                       "backend: simulated") from None
+        self._example: list[Message] | None = None
+
+    def _split_files(self, splits: Any, problems: list[str]) -> dict[str, Path]:
+        if splits is not None and not isinstance(splits, dict):
+            problems.append(f"env_options.splits: must map split names to task files, got {splits!r}")
+            splits = None
+        defaults = {"train": str(BUILTIN_DIR / "train.jsonl"), "test": str(BUILTIN_DIR / "test.jsonl")}
+        files: dict[str, Path] = {}
+        for split, name in {**defaults, **(splits or {})}.items():
+            if name is None:
+                continue
+            path = Path(str(name)).expanduser()
+            if not isinstance(name, str) or not path.is_file():
+                problems.append(f"env_options.splits.{split}: no task file {name!r}; give a JSONL file of tasks "
+                                f"(see the README) or {{{split}: null}} to drop it")
+                continue
+            files[split] = path
+        return files
+
+    # ------------------------------------------------------------------ data
+
+    def dataset(self, size: int | None = None, split: str = "train") -> list[dict[str, Any]]:
+        """The first ``size`` tasks of ``split`` (all when None) as samples: the task's JSON
+        fields plus ``answer``, a description of the success check (shown in saved samples)."""
+        if split not in self.split_files:
+            raise ConfigError([f"env_options.splits: the android env has no {split!r} split "
+                               f"(splits: {', '.join(self.split_files) or 'none'})"])
+        path = self.split_files[split]
+        try:
+            tasks = load_tasks(path)
+        except ValueError as exc:
+            raise ConfigError([f"env_options.splits.{split}: {exc}"]) from None
+        problems = [f"env_options.splits.{split}: task {t.id}: start.app {t.start.app!r} is not one of the apps "
+                    f"({', '.join(self.apps)})" for t in tasks if t.start.app is not None and t.start.app not in self.apps]
+        if problems:
+            raise ConfigError(problems)
+        rows = [json_row for json_row in (_task_row(t) for t in tasks)]
+        return rows if size is None else rows[:size]
+
+    # ------------------------------------------------------------------ devices
+
+    def _get_pool(self) -> Any:
+        if self._pool is None:
+            if self.backend == "simulated":
+                self._pool = SimulatedPool(self.devices)  # type: ignore[arg-type]
+            else:
+                from .adb import AdbDevicePool
+                self._pool = AdbDevicePool(self.devices, adb_path=self.adb_path,  # type: ignore[arg-type]
+                                           timeout_s=self.device_timeout_s)
+        return self._pool
+
+    def read_screen(self, device: Device) -> Screen:
+        return parse_ui(device.dump_ui(), device.screen_size)
+
+    # ------------------------------------------------------------------ episodes
+
+    def _example_messages(self) -> list[Message]:
+        """A worked example on a simulated phone: turn Bluetooth on from the home screen."""
+        if self._example is None:
+            phone = SimulatedPhone(serial="example")
+            phone.reset(StartState(settings={"global/bluetooth_on": "0"}), SIMULATED_APPS)
+            messages = [Message(role="user", content="Task: Turn on Bluetooth.\n\n"
+                                + render_screen(self.read_screen(phone)))]
+
+            def act(call: ToolCall, done: str) -> None:
+                messages.append(Message(role="assistant", content=self.parser.format_tool_call(call)))
+                result = ToolResult(name=call.name, content=f"{done}\n{render_screen(self.read_screen(phone))}",
+                                    call_id=call.id)
+                messages.extend(self.parser.render_tool_results([result]))
+
+            phone.open_app(SIMULATED_APPS["Settings"])
+            act(ToolCall(name="open_app", arguments={"app": "Settings"}, id="example-1"), "Opened Settings.")
+            row = next(e for e in self.read_screen(phone).elements if e.label == "Bluetooth")
+            phone.tap(*row.center)
+            act(ToolCall(name="tap", arguments={"element": row.number}, id="example-2"),
+                f'Tapped element {row.number} ({row.short_class} "Bluetooth").')
+            messages.append(Message(role="assistant", content="Done."))
+            self._example = messages
+        return list(self._example)
+
+    async def reset(self, sample: Sample) -> EnvReset:
+        task = read_task({k: v for k, v in dict(sample).items() if k != "answer"},
+                         f"android sample {sample.get('id', '?') if hasattr(sample, 'get') else '?'}") \
+            if hasattr(sample, "get") else read_task(sample, "android sample")
+        if task.start.app is not None and task.start.app not in self.apps:
+            raise ValueError(f"android task {task.id}: start.app {task.start.app!r} is not one of the apps "
+                             f"({', '.join(self.apps)})")
+        pool = self._get_pool()
+        device = await pool.lease()
+        try:
+            await run_in_tool_thread(device.reset, task.start, self.apps)
+            screen = await run_in_tool_thread(self.read_screen, device)
+        except BaseException:
+            await pool.release(device)
+            raise
+        messages = [Message(role="system", content=INSTRUCTION)]
+        if self.few_shot:
+            messages += self._example_messages()
+        messages.append(Message(role="user", content=f"Task: {task.goal}\n\n{render_screen(screen)}"))
+        state = {"task": task, "device": device, "screen": screen, "lock": asyncio.Lock(), "actions": 0,
+                 "success": None, "check": None, "check_error": None, "released": False}
+        return EnvReset(messages=messages, tools=list(self.tools), state=state)
+
+    async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
+        if turn.tool_calls or turn.errors:
+            return EnvStep()  # the rollout shows the results (or the parse errors)
+        return EnvStep(done=True, final_answer=turn.content.strip())
+
+    async def close(self, state: Any) -> None:
+        """Read the success check from the device, then give the device back."""
+        if not isinstance(state, dict) or state.get("released"):
+            return
+        state["released"] = True
+        device = state["device"]
+        try:
+            async with state["lock"]:
+                success, found = await run_in_tool_thread(evaluate_check, device, state["task"].check)
+            state["success"], state["check"] = success, found
+        except DeviceError as exc:
+            state["check_error"] = str(exc)
+        finally:
+            await self._get_pool().release(device)
+
+    def __repr__(self) -> str:
+        return f"AndroidEnv(backend={self.backend!r}, splits={sorted(self.split_files)})"
+
+
+def _task_row(task: Task) -> dict[str, Any]:
+    start = task.start
+    return {"id": task.id, "goal": task.goal,
+            "start": {"settings": dict(start.settings), "contacts": [{"name": n, "phone": p} for n, p in start.contacts],
+                      "notes": list(start.notes), "app": start.app},
+            "check": {"kind": task.check.kind, "name": task.check.name, "value": task.check.value},
+            "answer": check_text(task.check)}
