@@ -27,14 +27,16 @@ order) is weighted like the value and added to the trajectory's ``turn_rewards``
 the env's own per-turn rewards; the trainer puts each turn's reward on that turn's last
 token (``rlfactory_core.trainer``), by the turn boundaries the rollout recorded.
 
-Failures: a reward that raises, returns something else, a non-finite number, or takes
+Failures: a reward that raises, returns something else, a non-finite number (as its value,
+a turn reward or a component), or takes
 longer than its ``timeout_s`` is a reward error: it scores the reward's ``fallback`` value
 for that trajectory, is counted (``reward/errors``, ``reward/errors/<name>``) and written to
 the trajectory's ``metadata["reward_errors"]``, and the step goes on.
 
 Concurrency: each reward scores at most ``max_concurrency`` trajectories at a time (a judge
 model's endpoint sets how many requests it takes; a rule needs no limit). A synchronous
-reward that times out is abandoned, not stopped: its thread runs to its end.
+reward that times out is abandoned, not stopped: its (daemon) thread runs to its end, and
+the reward's pool gets one more thread, so hung calls never starve the later ones.
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ import inspect
 import logging
 import math
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import ConfigError, RLFactoryError, one_line
+from .tools import _DaemonThreadPool
 from .types import RewardOutput, Sample, ToolCall, ToolResult, Trajectory
 
 __all__ = ["RewardContext", "RewardLayer", "ScoredBatch", "build_reward_layer"]
@@ -129,7 +131,9 @@ class _Scorer:
     is_async: bool
     # Sync rewards get threads of their own, as many as they may run at once: the loop's
     # default pool has min(32, cores + 4) threads (6 here), too few for I/O-bound checks.
-    threads: ThreadPoolExecutor | None = None
+    # Daemon threads, so a hung reward cannot keep a finished run from exiting.
+    threads: _DaemonThreadPool | None = None
+    hung: int = 0  # sync calls that timed out and whose threads still run
 
 
 class RewardLayer:
@@ -191,10 +195,21 @@ class RewardLayer:
                 pending = scorer.reward.score(trajectory, sample, **kwargs)
             else:
                 if scorer.threads is None:
-                    scorer.threads = ThreadPoolExecutor(scorer.max_concurrency, f"reward-{scorer.name}")
+                    scorer.threads = _DaemonThreadPool(scorer.max_concurrency, f"reward-{scorer.name}")
                 pending = asyncio.get_running_loop().run_in_executor(
                     scorer.threads, functools.partial(scorer.reward.score, trajectory, sample, **kwargs))
-            result = await asyncio.wait_for(pending, scorer.timeout_s)
+            try:
+                result = await asyncio.wait_for(pending, scorer.timeout_s)
+            except TimeoutError:
+                if not scorer.is_async and scorer.threads is not None:
+                    # A thread cannot be stopped: the timed-out call runs on and holds its thread.
+                    # One more thread for the pool, so hung calls never starve the next ones.
+                    scorer.threads.max_workers += 1
+                    scorer.hung += 1
+                    if scorer.hung in (1, 10, 100, 1000):
+                        log.warning("the %r reward has %d call(s) that timed out and still run in their threads",
+                                    scorer.name, scorer.hung)
+                raise
         return _as_output(scorer.name, result)
 
     async def close(self) -> None:
@@ -233,6 +248,15 @@ def _as_output(name: str, result: Any) -> RewardOutput | None:
         raise ValueError(f"the {name!r} reward returned a non-finite value ({output.value})")
     if output.turn_rewards and not all(math.isfinite(float(r)) for r in output.turn_rewards):
         raise ValueError(f"the {name!r} reward returned a non-finite turn reward")
+    if not isinstance(output.components, dict):
+        raise TypeError(f"the {name!r} reward's components are {type(output.components).__name__}, "
+                        "not a dict of name -> number")
+    components = {}
+    for key, value in output.components.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value):  # bools count as 0/1
+            raise ValueError(f"the {name!r} reward's component {key!r} is {value!r}, not a finite number")
+        components[str(key)] = float(value)
+    output.components = components
     return output
 
 

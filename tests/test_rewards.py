@@ -71,6 +71,10 @@ class Broken:
             return float("nan")
         if kind == "text":
             return "0.5"
+        if kind == "component":
+            return RewardOutput(value=1.0, components={"judge": "abc"})
+        if kind == "nan_component":
+            return RewardOutput(value=1.0, components={"judge": float("nan")})
         return 0.25
 
 
@@ -152,19 +156,51 @@ async def test_failing_slow_and_malformed_rewards_score_their_fallback_and_are_c
     with registered_plugin(Plugin(Broken)):
         layer = build_reward_layer(specs({"name": "broken", "timeout_s": 0.2, "fallback": -1.0},
                                          {"name": "exact_match"}))
-        kinds = ["raise", "slow", "nan", "text", None]
+        kinds = ["raise", "slow", "nan", "text", "component", "nan_component", None]
         trajectories = [trajectory("7") for _ in kinds]
         scored = await layer.score(trajectories, [{"fail": k, "answer": "7"} for k in kinds])
-    assert scored.totals == [0.0, 0.0, 0.0, 0.0, 1.25]  # fallback -1 + exact match 1; the last is fine
-    assert scored.errors == {"broken": 4}
+    assert scored.totals == [0.0] * 6 + [1.25]  # fallback -1 + exact match 1; the last is fine
+    assert scored.errors == {"broken": 6}
     metrics = scored.metrics("reward")
-    assert metrics["reward/errors"] == 4.0 and metrics["reward/errors/broken"] == 4.0
-    reasons = [t.metadata["reward_errors"][0] for t in trajectories[:4]]
+    assert metrics["reward/errors"] == 6.0 and metrics["reward/errors/broken"] == 6.0
+    assert "reward/broken/judge" not in metrics  # a refused output leaves no component behind
+    reasons = [t.metadata["reward_errors"][0] for t in trajectories[:6]]
     assert "judge exploded" in reasons[0]
     assert "timed out after 0.2 s" in reasons[1]
     assert "non-finite" in reasons[2]
     assert "returned str" in reasons[3] and "RewardOutput" in reasons[3]
-    assert "reward_errors" not in trajectories[4].metadata
+    assert "component 'judge' is 'abc', not a finite number" in reasons[4]
+    assert "component 'judge' is nan" in reasons[5]
+    assert "reward_errors" not in trajectories[6].metadata
+
+
+class Hangs:
+    name, description = "hangs", "a sync reward whose first calls hang until released"
+    release = threading.Event()
+
+    def __init__(self):
+        self.calls = 0
+
+    def score(self, trajectory, sample):
+        self.calls += 1
+        if sample.get("hang"):
+            self.release.wait(30)
+        return 1.0
+
+
+async def test_hung_sync_reward_calls_do_not_starve_the_later_ones():
+    """A timed-out sync call keeps its thread (threads cannot be stopped); the next calls still
+    get threads, so they score instead of queueing behind the hung ones until they time out."""
+    with registered_plugin(Plugin(Hangs)):
+        layer = build_reward_layer(specs({"name": "hangs", "max_concurrency": 2, "timeout_s": 0.3}))
+        try:
+            scored = await layer.score([trajectory("x") for _ in range(2)], [{"hang": True}] * 2)
+            assert scored.errors == {"hangs": 2}
+            scored = await layer.score([trajectory("x") for _ in range(6)], [{}] * 6)
+            assert scored.errors == {} and scored.totals == [1.0] * 6
+        finally:
+            Hangs.release.set()
+            await layer.close()
 
 
 async def test_process_rewards_are_added_to_the_turns_they_score():
