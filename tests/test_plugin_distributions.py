@@ -1,7 +1,8 @@
 """Every first-party plugin installs on its own (`pip install plugins/NAME`): a normal,
-non-editable wheel, installed into an empty directory, is found through its entry point
-and registers its components."""
+non-editable wheel, installed into an empty directory, is found through its entry point,
+registers its components and is listed by `rlf plugins list`."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,3 +42,8 @@ def test_the_plugin_installs_on_its_own_from_a_wheel(pyproject, tmp_path):
     module_file, loaded = shown.stdout.split()
     assert Path(module_file).is_relative_to(site) and loaded == "True"
     assert project["name"] in {path.name.split("-0")[0].replace("_", "-") for path in (tmp_path / "dist").glob("*.whl")}
+    listed = subprocess.run([sys.executable, "-m", "rlfactory_cli", "plugins", "list", "--json"], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    [row] = [row for row in json.loads(listed.stdout) if row["name"] == entry_name]
+    assert row["status"] == "ok" and row["distribution"] == project["name"] and row["components"], row

@@ -234,6 +234,9 @@ def _describe_action(action: int, arg1: str | None, arg2: str | None) -> str:
         return f"{name} (opening another database)" if name == "ATTACH" else name
     if name in ("TRANSACTION", "SAVEPOINT"):
         return "a transaction (BEGIN, COMMIT, SAVEPOINT)"
+    if name == "UPDATE" and (arg1 or "").lower() == "sqlite_master":
+        # what SQLite reports for a pragma table-valued function (pragma_table_info(...) ...)
+        return "pragma functions such as pragma_table_info() (list_tables and describe_table show the schema)"
     if name.startswith(_WRITES):
         target = f" {arg1}" if arg1 else ""
         return f"writing to the database ({name}{target})"

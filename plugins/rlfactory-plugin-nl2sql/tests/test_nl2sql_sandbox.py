@@ -50,6 +50,8 @@ HOSTILE = [
     ("SELECT * FROM singer; DROP TABLE singer", "multiple_statements", "only one statement"),
     ("SELECT 1; SELECT 2;", "multiple_statements", "got 2"),
     ("SELECT load_extension('/tmp/evil.so')", "refused", "load_extension() is not allowed"),
+    # SQLite asks to UPDATE sqlite_master for a pragma function: said as what it is, not as a write
+    ("SELECT * FROM pragma_table_info('singer')", "refused", "pragma functions such as pragma_table_info()"),
     ("WITH x AS (SELECT 1) DELETE FROM singer", "refused", "writing to the database (DELETE singer)"),
     ("WITH x AS (SELECT 1) INSERT INTO singer SELECT * FROM singer", "refused", "writing to the database (INSERT"),
     ("WITH x AS (SELECT 1) UPDATE singer SET age = 1", "refused", "writing to the database (UPDATE singer"),
