@@ -1,7 +1,7 @@
 """The env ``deepsearch``: answer questions by searching a passage corpus (Search-R1).
 
 An episode is a question. The model may call the ``search`` tool (through the configured
-parser: Qwen3/Hermes ``<tool_call>`` blocks by default) any number of times within the
+parser: Search-R1's ``<search>`` tags by default, see below) any number of times within the
 turn limit; each call returns the top passages, formatted as Search-R1 formats them
 (``Doc 1(Title: ...) text``). A turn without a tool call ends the episode; its answer is
 what it writes inside ``<answer>...</answer>`` (an answer without the tags is no answer,
