@@ -33,7 +33,8 @@ worker, which loads it into its backend in place (``weight_sync/mb`` and
 replacement worker starts from them.
 
 Faults: a rollout worker that dies is replaced (same placement bundle, latest weights) and
-its prompts run again, up to ``ray.max_restarts`` times a step; tool and judge actors are
+its prompts run again, up to ``ray.max_restarts`` times a step; one found dead when the new
+weights are pushed is replaced by a worker that starts from them; tool and judge actors are
 restarted by Ray, and the calls that failed meanwhile are tool errors or reward errors. A
 trainer rank that dies ends the run with a message naming it: its shards are gone; resume
 from the last checkpoint (``rlf train --resume``, on either engine).
@@ -694,7 +695,19 @@ class RayEngine:
         weights, size_ref = refs[0]
         self.weights = weights
         size = await size_ref
-        await asyncio.gather(*(w.update_weights.remote(weights) for w in self.rollout_workers))
+
+        async def push(index: int, worker: Any) -> None:
+            try:
+                await worker.update_weights.remote(weights)
+            except ray.exceptions.RayActorError as exc:
+                # lost since its rollout: the replacement starts from these weights (self.weights)
+                self.restarts += 1
+                self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it with the new weights")
+                with contextlib.suppress(Exception):
+                    ray.kill(worker)
+                await self._start_rollout_worker(index)
+
+        await asyncio.gather(*(push(i, w) for i, w in enumerate(self.rollout_workers)))
         total = time.perf_counter() - t
         mb = size / 2**20
         return {"weight_sync/mb": mb, "weight_sync/gather_s": gathered,

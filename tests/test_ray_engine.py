@@ -120,7 +120,7 @@ def test_one_update_gives_the_local_engines_weights(ray_cluster, tiny_model_dir,
         assert ray_stats[key] == pytest.approx(local_stats[key], rel=1e-5, abs=1e-7), key
 
 
-def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again(ray_cluster, tiny_model_dir):
+def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_gets_the_new_weights(ray_cluster, tiny_model_dir):
     config = tiny_config(tiny_model_dir, "ray.rollout.workers=2", "ray.trainer.workers=1",
                          "rollout.max_tokens_per_turn=64", "rollout.sampling.temperature=1.0")
     task = T._build_task(config.model_copy(update={"engine": "local"}))
@@ -138,7 +138,17 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again(ray_clust
             os.kill(victim, signal.SIGKILL)
             trajectories, scored, times = await step
             replacement = await engine.rollout_workers[0].pid.remote()
-            return trajectories, scored, times, victim, replacement, engine.restarts
+            restarts = engine.restarts
+            # a worker lost between its rollout and the weight push is replaced by the push
+            idle = await engine.rollout_workers[1].pid.remote()
+            os.kill(idle, signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            sync = await engine.sync_weights()
+            assert engine.restarts == restarts + 1 and sync["weight_sync/mb"] > 0
+            assert await engine.rollout_workers[1].pid.remote() != idle
+            again, _, _ = await engine.rollout(samples[-2:], T._rollout_config(config, 1), group_size=1)
+            assert len(again) == 2
+            return trajectories, scored, times, victim, replacement, restarts
         finally:
             await engine.close()
 

@@ -119,12 +119,14 @@ def builtin_tasks(split: str) -> list[dict[str, Any]]:
     """The built-in tasks of ``split`` (``train`` or ``test``) as JSON rows, in a fixed order."""
     names, notes = _NAMES[split], _NOTES[split]
     rows: list[dict[str, Any]] = []
-    # settings: both ways, from the home screen (train) or from inside Settings (test)
+    # settings, both ways: train starts "on" tasks inside Settings (one right tap succeeds, a
+    # reward a small model can find) and "off" tasks on the home screen; test starts all inside
     for title, name, on, off in _TOGGLES:
         for turn_on in (True, False):
             verb, want, other = ("on", on, off) if turn_on else ("off", off, on)
+            inside = split == "test" or turn_on
             rows.append({"id": f"{split}-setting-{name.split('/')[1]}-{verb}", "goal": f"Turn {verb} {title}.",
-                         "start": {"settings": {name: other}, "app": None if split == "train" else "Settings"},
+                         "start": {"settings": {name: other}, "app": "Settings" if inside else None},
                          "check": {"kind": "setting", "name": name, "value": want}})
     # contacts: add one, delete one (among others)
     for i, person in enumerate(names):

@@ -347,4 +347,6 @@ def test_registered_through_the_plugin_manager_with_a_worked_example_in_the_runs
     assert isinstance(built.env, AndroidEnv) and built.parser.name == "qwen3"
     example = built.env._example_messages()
     assert '<tool_call>\n{"name": "open_app", "arguments": {"app": "Settings"}}\n</tool_call>' in example[1].content
-    assert example[-1].content == "Done."
+    assert "Done." in [m.content for m in example if m.role == "assistant"]  # one task done to the end
+    assert [m.role for m in example[-2:]] == ["user", "assistant"]  # then first steps, each after its screen
+    assert example[-2].content.startswith("Task: Add a contact") and '"open_app"' in example[-1].content
