@@ -15,7 +15,9 @@ Layout of ``RUN_DIR/checkpoints/step-000010/``:
 
 A checkpoint is built in a ``.tmp-step-...`` directory next to the others, fsynced, and
 renamed into place in one ``os.replace``: an interrupted write leaves at worst a temporary
-directory (removed by the next save), never a half-written ``step-...``. ``latest`` (a
+directory (removed by the next save), never a half-written ``step-...``. A step saved again
+replaces the old copy only after moving it aside (``.old-step-...``, put back if the save
+dies in between), so a complete copy of it exists at every moment. ``latest`` (a
 one-line file, also replaced atomically) names the newest one.
 """
 
@@ -129,8 +131,7 @@ def save_checkpoint(
 
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in root.glob(".tmp-step-*"):  # from a save that was interrupted
-        shutil.rmtree(leftover, ignore_errors=True)
+    _recover_interrupted_saves(root)
     name = f"step-{step:06d}"
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
@@ -152,9 +153,15 @@ def save_checkpoint(
     (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
     _fsync_tree(tmp)
     final = root / name
-    if final.exists():  # the same step saved again (e.g. after an interrupt): replace it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if final.exists():  # the same step saved again (e.g. after an interrupt): replace it,
+        # moving the old one aside first so that some complete copy exists at every moment
+        aside = root / f".old-{name}"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(final, aside)
+        os.replace(tmp, final)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
     _fsync_dir(root)
     _write_atomic(root / "latest", name + "\n")
     for old in list_checkpoints(run_dir)[:-keep]:
@@ -170,9 +177,26 @@ def _merged_copy(peft_model: Any) -> Any:
     return copy.deepcopy(peft_model).merge_and_unload()
 
 
+def _recover_interrupted_saves(root: Path) -> None:
+    """Clean up after a save that was killed: a half-written ``.tmp-step-*`` is removed; a
+    ``.old-step-*`` (moved aside to be replaced) goes back into place when its replacement
+    never arrived, and is removed when it did."""
+    for leftover in root.glob(".tmp-step-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for aside in root.glob(".old-step-*"):
+        final = root / aside.name.removeprefix(".old-")
+        if final.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(aside, final)
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of ``run_dir`` (``latest``, else the highest step)."""
+    """The newest complete checkpoint of ``run_dir`` (``latest``, else the highest step),
+    after recovering from a save that was killed midway."""
     root = Path(run_dir) / "checkpoints"
+    if root.is_dir():
+        _recover_interrupted_saves(root)
     pointer = root / "latest"
     if pointer.is_file():
         candidate = root / pointer.read_text(encoding="utf-8").strip()

@@ -63,7 +63,9 @@ class LoraSection(_Section):
 class ModelSection(_Section):
     name: str = _field(DEFAULT_MODEL, "embedded model name, local directory or hub id (the policy)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _field(
-        "float32", "dtype of the trained weights (autocast does the bf16 compute)")
+        "float32", "dtype of the loaded weights; weights trained in full stay float32 (AdamW updates are "
+                   "far below bf16's precision), bfloat16/float16 only as a LoRA base; train.bf16 autocast "
+                   "does the bf16 compute")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = _field(
         "auto", "auto = flash_attention_2 on a GPU with flash-attn installed, else sdpa")
     gradient_checkpointing: bool = _field(False, "recompute activations in the backward pass (less memory)")
@@ -233,6 +235,13 @@ class RunConfig(_Section):
             names = [r.name for r in rewards]
             if len(set(names)) != len(names):
                 raise ValueError(f"{key}: each reward may appear once, got {names}")
+        if self.model.dtype in ("bfloat16", "float16") and not self.model.lora.enabled:
+            # bf16 keeps 8 significant bits: an AdamW step of ~lr changes a weight of size w only
+            # when lr > w / 256, so at the usual 1e-6 nearly every update rounds away silently.
+            raise ValueError(f"model.dtype: {self.model.dtype} weights would round away most AdamW updates "
+                             f"(8 significant bits); train float32 weights (train.bf16 autocast still "
+                             f"computes in bf16) or LoRA adapters on a {self.model.dtype} base "
+                             f"(model.lora.enabled=true)")
         batch = self.grpo.prompts_per_step * self.grpo.group_size
         if self.grpo.mini_batches > batch:
             raise ValueError(f"grpo.mini_batches ({self.grpo.mini_batches}) is more than the trajectories per "
@@ -271,7 +280,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpu": {
         "backend": "vllm",
         "backend_options": {"gpu_memory_utilization": 0.4},
-        "model": {"dtype": "bfloat16", "attn_implementation": "auto", "gradient_checkpointing": True},
+        "model": {"dtype": "float32", "attn_implementation": "auto", "gradient_checkpointing": True},
         "rollout": {"max_turns": 8, "max_tokens_per_turn": 512, "max_trajectory_tokens": 4096},
         "grpo": {"group_size": 8, "prompts_per_step": 64, "mini_batches": 4, "micro_batch_tokens": 32768},
         "train": {"steps": 200, "lr": 1e-6, "warmup_steps": 10},

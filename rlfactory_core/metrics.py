@@ -269,6 +269,12 @@ class LiveView:
         """Print a line (a warning, an eval result) above the live display."""
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
+    def warn(self, text: str) -> None:
+        """Print a warning line, styled to stand out from the progress lines."""
+        from rich.text import Text
+
+        self.console.print(Text.assemble(("warning: ", "bold yellow"), (text, "yellow")), soft_wrap=True)
+
     def phase(self, name: str) -> None:
         """Show the phase the step is in (``rollout``, ``train``, ``eval`` ...)."""
         if self.enabled:

@@ -81,6 +81,7 @@ from typing import Any, Sequence
 from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
 from .plugins import notify
+from .rollout.backend import GREEDY_TEMPERATURE
 
 __all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples", "read_jsonl_samples"]
 
@@ -100,8 +101,8 @@ def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, co
 def evaluate(config: RunConfig, model: str, *, split: str = "test", size: int | None = None,
              report_dir: str | os.PathLike[str] | None = None, console: Any = None) -> dict[str, Any]:
     """Evaluate ``model`` (a model name, a directory, or a run directory: its newest
-    checkpoint) on ``split``; write ``report.json`` and sample trajectories into
-    ``report_dir`` (when given); return the report."""
+    checkpoint) on ``split`` (all of it, or its first ``size`` samples); write ``report.json``
+    and sample trajectories into ``report_dir`` (when given); return the report."""
     return asyncio.run(_evaluate_only(config, model, split=split, size=size,
                                       report_dir=Path(report_dir) if report_dir else None, console=console))
 
@@ -268,6 +269,10 @@ def _load_policy(config: RunConfig, model_path: str | Path, device: Any, adapter
     from .models import load_model
 
     model = load_model(model_path, dtype=config.model.dtype, device=device)
+    if not config.model.lora.enabled:
+        # dtype "auto" keeps the checkpoint's, often bf16: trained weights must be float32
+        # or AdamW's small updates round away (bf16/fp16 are refused by the config).
+        model.float()
     model.config._attn_implementation = _attn_implementation(config, device)  # noqa: SLF001
     if config.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -462,11 +467,17 @@ def _use_packing(config: RunConfig, attn_implementation: str) -> bool:
 
 
 def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entropy_grad: bool = False,
-                    packed: bool = False) -> tuple[Any, Any]:
+                    packed: bool = False, temperature: float = 1.0) -> tuple[Any, Any]:
     """``[b, l]`` logprobs (and entropies) under ``model`` of the tokens of the micro-batch
     ``micro`` where its ``loss_mask`` is 1; zeros elsewhere. Only the masked positions'
     logits are normalised. The entropy carries a gradient only with ``entropy_grad`` (an
     entropy bonus).
+
+    ``temperature``: the sampling temperature of the rollout. The policy that sampled the
+    tokens is ``softmax(logits / T)``, and that is the policy the ratio, the KL and the
+    sampler comparison are about (as in verl and TRL); the backends report their logprobs
+    the same way (``rollout.backend``). Greedy (``T`` below the backends' threshold) scores
+    the raw logits, as the backends do.
 
     ``packed``: the rows' real tokens are concatenated into one row, with positions
     restarting at each trajectory and no attention mask; transformers then keeps the
@@ -497,6 +508,8 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
             chosen = model(model_ids, model_mask, model_positions, targets).float()  # an FSDP root (ray engine)
         else:
             chosen = _scored_logits(model, model_ids, model_mask, model_positions, targets).float()
+    if temperature >= GREEDY_TEMPERATURE:
+        chosen = chosen / temperature
     token_ids = model_ids[:, 1:][targets]
 
     def unpack(values: Any) -> Any:
@@ -572,7 +585,8 @@ def _forward_no_grad(model: Any, batch: Any, rows: list[int], config: RunConfig,
     with torch.no_grad():
         for micro_rows, real in dp.rounds(micro_batches) if dp else [(m, True) for m in micro_batches]:
             micro = _rows_of(batch, micro_rows)
-            logprobs, _ = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed)
+            logprobs, _ = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
+                                          temperature=config.rollout.sampling.temperature)
             if real:
                 out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
     if dp:  # each rank filled its rows, zeros elsewhere
@@ -635,7 +649,8 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
                 micro = _rows_of(batch, micro_rows).to(device)
                 mask = micro["loss_mask"]
                 logprobs, entropies = _token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,
-                                                      entropy_grad=g.entropy_coef > 0, packed=packed)
+                                                      entropy_grad=g.entropy_coef > 0, packed=packed,
+                                                      temperature=config.rollout.sampling.temperature)
                 old = logprobs.detach() if on_policy else micro["old_logprobs"]
                 sampler = micro["sampler_logprobs"]
                 weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
@@ -1048,11 +1063,11 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics["throughput/train_tokens_per_s"] = (
                     batch_tokens * config.grpo.epochs / max(times["time/train"], 1e-9))
                 if task.offers_tools and config.logging.no_tool_call_warning and metrics["rollout/tool_calls"] == 0:
-                    view.message(f"warning: step {step}: the model made no tool call in "
+                    view.warn(f"step {step}: the model made no tool call in "
                                  f"{n} trajectories although the env offers tools; check the parser "
                                  f"({config.parser}) and the prompt, or add a format reward / few-shot turns")
                 if metrics["reward/constant_groups"] == 1.0:
-                    view.message(f"warning: step {step}: every group's rewards are constant "
+                    view.warn(f"step {step}: every group's rewards are constant "
                                  f"(all {totals[0]:g}): nothing to learn from this step; make the task easier or "
                                  "the reward denser, or raise grpo.group_size")
 
@@ -1117,7 +1132,9 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     else:
         path = resolve_model(model)  # an embedded name (prepared), a directory, or a hub id (a str)
     task = _build_task(config)
-    samples = load_samples(config, task.env, split, size or config.data.eval_size)
+    # The whole split unless a size is given: `rlf eval` reports on the split, not on the
+    # data.eval_size subset that periodic evaluation during training uses.
+    samples = load_samples(config, task.env, split, size)
     tokenizer = load_tokenizer(path)
     backend = _make_backend(config, path)
     if hasattr(backend, "start"):

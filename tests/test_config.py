@@ -112,3 +112,13 @@ def test_ray_engine_options_are_checked_up_front():
     assert "ray.trainer.cpus" in text and "ray.placement" in text and "ray.unknown" in text
     rows = {key for key, _, _ in describe()}
     assert {"ray.trainer.gpus", "ray.judge.rewards", "ray.tool_actors.names", "ray.address"} <= rows
+
+
+def test_weights_trained_in_full_must_be_float32():
+    with pytest.raises(ConfigError) as info:
+        load_config([], ["model.dtype=bfloat16"])
+    (error,) = info.value.errors
+    assert error.startswith("model.dtype:") and "float32" in error and "model.lora.enabled" in error
+    # a bf16 base under LoRA adapters is fine (peft keeps the adapters in float32)
+    assert load_config([], ["model.dtype=bfloat16", "model.lora.enabled=true"]).model.dtype == "bfloat16"
+    assert load_config(preset="gpu").model.dtype == "float32"

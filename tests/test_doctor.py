@@ -15,7 +15,9 @@ EXPECTED = {"python", "torch", "transformers", "pluggy", "typer", "vllm", "ray",
 REQUIRED = {"python", "torch", "transformers", "pluggy", "typer"}
 
 
-def test_doctor_json_lists_every_check_and_exits_0(rlf):
+def test_doctor_json_lists_every_check_and_exits_0(rlf, default_model_dir):
+    # default_model_dir: the embedded model converted (first use does it), so the
+    # chat-template check runs instead of reporting "not prepared yet" on a fresh machine.
     code, out, err = rlf("doctor", "--json")
     assert code == 0, err
     checks = {c["name"]: c for c in json.loads(out)}

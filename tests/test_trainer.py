@@ -94,6 +94,34 @@ def test_token_logprobs_match_a_plain_forward_pass(packed):
     assert bool((entropy[~micro["loss_mask"].bool()] == 0).all())
 
 
+@pytest.mark.parametrize("temperature", [0.7, 1.0, 0.0])
+async def test_trainer_logprobs_are_the_samplers_at_its_temperature(temperature):
+    """The ratio, the KL and ``train/sampler_*`` compare the trainer's logprobs with the
+    sampler's: both must be the distribution the tokens were drawn from, softmax(logits / T)
+    (raw logits when greedy). Checked against the real hf backend's sampled tokens."""
+    import copy
+
+    from rlfactory_core.rollout.backend import SamplingParams
+    from rlfactory_core.rollout.hf_backend import HFBackend
+
+    model = tiny_model(vocab_size=64, seed=3).eval()
+    backend = HFBackend(copy.deepcopy(model), max_batch_size=4)
+    prompt = [5, 9, 11, 2, 7]
+    try:
+        generated = await backend.generate(prompt, SamplingParams(temperature=temperature, max_tokens=12, seed=7))
+    finally:
+        await backend.close()
+    ids = prompt + generated.token_ids
+    micro = _micro([ids], [[1] * len(ids)], [[0] * len(prompt) + [1] * len(generated.token_ids)])
+    with torch.no_grad():
+        logprobs, _ = T._token_logprobs(model, micro, bf16=False, entropy=False, temperature=temperature)
+        unscaled, _ = T._token_logprobs(model, micro, bf16=False, entropy=False)
+    ours = logprobs[0, len(prompt):]
+    torch.testing.assert_close(ours, torch.tensor(generated.logprobs), atol=1e-4, rtol=0)
+    if temperature not in (0.0, 1.0):  # the distribution at T=1 is not the one that sampled
+        assert (unscaled[0, len(prompt):] - ours).abs().max() > 1e-2
+
+
 def test_packing_is_auto_on_only_with_flash_attention():
     auto, on, off = (load_config([], [f"grpo.packing={v}"]) for v in ("auto", "on", "off"))
     assert T._use_packing(auto, "flash_attention_2") and not T._use_packing(auto, "sdpa")
@@ -209,6 +237,15 @@ def test_checkpoints_are_atomic_pruned_and_restore_state(tmp_path, default_model
     assert (newest / "model" / "model.safetensors").is_file()
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
+
+    # the same step saved again replaces it; a save killed between moving the old copy aside
+    # and renaming the new one into place loses nothing: the old copy goes back
+    save_checkpoint(tmp_path, 3, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    state={"position": 25}, config={"env": "arithmetic"}, keep=2)
+    assert json.loads((newest / "state.json").read_text())["position"] == 25
+    assert not list((tmp_path / "checkpoints").glob(".old-*"))
+    newest.rename(tmp_path / "checkpoints" / ".old-step-000003")
+    assert latest_checkpoint(tmp_path) == newest and (newest / "state.json").is_file()
 
 
 def test_rng_state_is_restored(tmp_path, default_model_dir):
@@ -533,3 +570,45 @@ def test_an_env_that_takes_a_parser_gets_the_runs_and_a_parser_that_cannot_show_
         with pytest.raises(ConfigError, match="parser: 'search_only' cannot show the model the 'with_examples' "
                                               "env's tools \\(ValueError: only the search tool"):
             T._build_task(load_config([], ["env=with_examples", "parser=search_only"]))
+
+
+def test_auto_dtype_trains_float32_weights_even_from_a_bf16_checkpoint(tmp_path):
+    """``model.dtype: auto`` keeps a checkpoint's dtype, often bf16: the trained weights are
+    upcast, since bf16 rounds AdamW's small updates away."""
+    tiny_model().to(torch.bfloat16).save_pretrained(tmp_path)
+    config = load_config([], ["model.dtype=auto"])
+    model = T._load_policy(config, tmp_path, torch.device("cpu"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.slow
+def test_a_step_without_tool_calls_or_reward_differences_warns_and_its_run_evaluates(tmp_path, tiny_model_dir):
+    """A random model calls no tool and earns 0 everywhere: both loud warnings are printed.
+    Then ``rlf eval``'s function evaluates the run directory (its newest checkpoint), on the
+    whole split unless a size is given."""
+    import io
+
+    from rich.console import Console
+
+    run_dir = tmp_path / "run"
+    config = load_config([], ["backend=hf", f"model.name={tiny_model_dir}", "grpo.prompts_per_step=1",
+                              "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "eval.save_samples=0",
+                              "rollout.max_turns=1", "rollout.max_tokens_per_turn=8", "logging.live=off",
+                              "logging.tensorboard=false", "train.steps=1", f"run_dir={run_dir}"])
+    output = io.StringIO()
+    T.train(config, console=Console(file=output, width=300))
+    text = output.getvalue()
+    assert "warning: step 1: the model made no tool call in 2 trajectories although the env offers tools" in text
+    assert "warning: step 1: every group's rewards are constant (all 0)" in text
+    step = read_metrics(run_dir)[1]
+    assert step["rollout/tool_calls"] == 0 and step["reward/constant_groups"] == 1.0
+
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps(row) + "\n" for row in _env().dataset(3, "test")))
+    eval_config = load_config([run_dir / "config.yaml"], [f"data.eval_file={held_out}"])
+    report = T.evaluate(eval_config, str(run_dir), report_dir=tmp_path / "report")
+    assert report["model"] == str(run_dir / "checkpoints" / "step-000001" / "model")
+    assert report["samples"] == 3  # the whole split, not data.eval_size (2)
+    assert report["metrics"]["eval/reward/accuracy"] == 0.0
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["samples"] == 3
+    assert T.evaluate(eval_config, str(run_dir), size=1)["samples"] == 1

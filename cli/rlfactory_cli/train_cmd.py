@@ -86,7 +86,7 @@ def eval_command(
     env: Annotated[str, typer.Option("--env", help="the env to evaluate on")],
     model: Annotated[str, typer.Option("--model", help="a model (name or directory) or a run directory")],
     split: Annotated[str, typer.Option("--split", help="the env's split (test, train, ...)")] = "test",
-    size: Annotated[Optional[int], typer.Option("--size", help="samples to evaluate (default data.eval_size)")] = None,
+    size: Annotated[Optional[int], typer.Option("--size", help="evaluate the first N samples (default: the whole split; a generated dataset's own size)")] = None,
     config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="YAML config file")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="report directory (default: next to the "
                                                                      "run, or eval-<env>/)")] = None,

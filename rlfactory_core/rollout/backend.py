@@ -7,8 +7,10 @@ backend batches them. It never re-tokenizes: ids in, ids out.
 Logprobs are the log-probabilities of the sampled tokens under the distribution they were
 sampled from after temperature (and top-k / top-p, which leave a sampled token's
 probability renormalised): ``log_softmax(logits / temperature)`` when top-k and top-p are
-off, which is what the trainer computes for the policy. With ``temperature == 0``
-(greedy) they are the raw ``log_softmax(logits)``. Both backends report the same
+off, which is what the trainer computes for the policy (it divides its logits by the
+rollout's temperature; top-k / top-p truncation is not applied in training, as in verl and
+TRL, so with them on ``train/sampler_*`` also measures the truncation). Greedy requests
+(temperature below :data:`GREEDY_TEMPERATURE`) report the raw ``log_softmax(logits)``. Both backends report the same
 quantity (vLLM's ``logprobs_mode="processed_logprobs"``).
 """
 
@@ -26,7 +28,12 @@ __all__ = [
     "BACKEND_NAMES",
     "make_backend",
     "vllm_available",
+    "GREEDY_TEMPERATURE",
 ]
+
+#: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would
+#: overflow, and the backends and the trainer must agree on which requests are greedy.
+GREEDY_TEMPERATURE = 1e-5
 
 FinishReason = Literal["stop", "length", "abort"]
 

@@ -79,15 +79,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from ..errors import ModelError, RLFactoryError
-from .backend import Generation, SamplingParams
+from .backend import GREEDY_TEMPERATURE, Generation, SamplingParams
 
 __all__ = ["HFBackend"]
 
 log = logging.getLogger("rlfactory.rollout.hf")
 
-#: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would
-#: overflow, and both backends must agree on which requests are greedy.
-GREEDY_TEMPERATURE = 1e-5
 
 
 # --------------------------------------------------------------------------- worker state
