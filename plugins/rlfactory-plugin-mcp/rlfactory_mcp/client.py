@@ -19,11 +19,12 @@ How calls reach the servers:
 * **Clean shutdown**: :meth:`MCPToolset.close` (the tool manager's ``close()`` at the end of
   a run) ends every session; the MCP SDK terminates each stdio server's process tree.
   A server's stderr goes to a log file (``stderr_log``), named in startup errors.
-* **Results**: text content as is; structured content as JSON (unless a text part already
-  is that JSON, as the spec recommends servers send); images, audio, blobs and resource
-  links as a short note (``[image: image/png, 2048 bytes]``). ``isError`` results become
-  tool errors the model sees; the server's refusal of the arguments (``-32602``) an
-  invalid-arguments error.
+* **Results** (:func:`result_text`): text content and embedded text resources as they
+  are; structured content as JSON (unless the text parts already say it, as the spec
+  recommends servers send); images, audio, binary resources and resource links as a short
+  note (``[image: image/png, 2048 bytes]``). ``isError`` results become tool errors the
+  model sees; the server's refusal of the arguments (``-32602``) an invalid-arguments
+  error.
 
 Sessions belong to the event loop that opened them; a toolset used from a new loop (a
 second ``asyncio.run``) drops the old sessions and opens new ones.
@@ -58,6 +59,9 @@ log = logging.getLogger("rlfactory.mcp")
 _INVALID_PARAMS = -32602
 _CONNECTION_CLOSED = -32000
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
+# The MCP SDK's MCP_DEFAULT_TIMEOUT and MCP_DEFAULT_SSE_READ_TIMEOUT (in a private module).
+_HTTP_TIMEOUT_S = 30.0
+_SSE_READ_TIMEOUT_S = 300.0
 
 
 class MCPServerError(RLFactoryError):
@@ -92,8 +96,20 @@ class ServerOptions:
 
 
 def result_text(result: Any) -> str:
-    """What the model sees of a ``CallToolResult``: text parts as they are, structured
-    content as JSON, other content noted in a few words."""
+    """What the model sees of a ``CallToolResult``, its parts in order, one per line:
+
+    * text, and an embedded resource's text: as they are;
+    * image and audio: ``[image: image/png, 2048 bytes]`` (the decoded size);
+    * an embedded binary resource: ``[resource URI: MIME, N bytes]`` (``binary`` without a
+      MIME type);
+    * a resource link: ``[resource link: URI NAME]``;
+    * a content type this function does not know (one a newer SDK may add):
+      ``[TYPE content]``;
+    * then the structured content as JSON, unless the text parts already say it (see
+      :func:`_shown`).
+
+    ``isError`` does not change the text: :meth:`MCPTool.call` marks the result a tool
+    error."""
     parts: list[str] = []
     texts: list[str] = []
     for item in result.content or []:
@@ -117,20 +133,29 @@ def result_text(result: Any) -> str:
         else:
             parts.append(f"[{kind or type(item).__name__} content]")
     structured = getattr(result, "structured_content", None)
-    if structured is not None and not any(_shows(text, structured) for text in texts):
+    if structured is not None and not _shown(texts, structured):
         parts.append(json.dumps(structured, ensure_ascii=False, default=str))
     return "\n".join(parts)
 
 
-def _shows(text: str, structured: Any) -> bool:
-    """Whether a text part already says what the structured content does: it is its JSON,
-    or the value of a wrapped primitive (``{"result": 5}`` next to the text ``5``)."""
-    if _is_json_of(text, structured):
+def _shown(texts: list[str], structured: Any) -> bool:
+    """Whether the text parts already say what the structured content does: one of them is
+    its JSON, or the value of a wrapped result (``{"result": 5}`` next to the text ``5``),
+    or, for a wrapped list, the text parts are its items in order (what the SDK's
+    ``MCPServer`` sends for a tool that returns a list)."""
+    if any(_is_json_of(text, structured) for text in texts):
         return True
-    if isinstance(structured, dict) and set(structured) == {"result"}:
-        value = structured["result"]
-        return text == value or text == str(value) or _is_json_of(text, value)
-    return False
+    if not (isinstance(structured, dict) and set(structured) == {"result"}):
+        return False
+    value = structured["result"]
+    if any(_says(text, value) for text in texts):
+        return True
+    return (isinstance(value, list) and len(value) == len(texts) > 0
+            and all(_says(text, item) for text, item in zip(texts, value)))
+
+
+def _says(text: str, value: Any) -> bool:
+    return text == value or (not isinstance(value, (dict, list)) and text == str(value)) or _is_json_of(text, value)
 
 
 def _decoded_size(data: str) -> str:
@@ -239,15 +264,25 @@ def _transport(spec: ServerSpec, errlog: Any) -> Any:
         return stdio_client(StdioServerParameters(command=spec.command, args=list(spec.args), env=dict(spec.env),
                                                   cwd=spec.cwd), errlog=errlog)
     assert spec.url is not None
+    timeout, read_timeout = _http_timeouts(spec)
     if spec.transport == "sse":
         from mcp.client.sse import sse_client
 
-        return sse_client(spec.url, headers=dict(spec.headers) or None)
+        return sse_client(spec.url, headers=dict(spec.headers) or None, timeout=timeout, sse_read_timeout=read_timeout)
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
-    client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0))
+    client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(timeout, read=read_timeout))
     return _closing(streamable_http_client(spec.url, http_client=client), client)
+
+
+def _http_timeouts(spec: ServerSpec) -> tuple[float, float]:
+    """An HTTP server's ``(timeout, sse_read_timeout)`` in seconds: the config's, else the
+    MCP SDK's defaults (30 for connecting and each request, 300 for waiting on the next
+    bytes of a response or event stream). The same for SSE and streamable HTTP, as in the
+    SDK's own ``sse_client`` (whose bare default of 5 s is not used)."""
+    return (spec.timeout if spec.timeout is not None else _HTTP_TIMEOUT_S,
+            spec.sse_read_timeout if spec.sse_read_timeout is not None else _SSE_READ_TIMEOUT_S)
 
 
 @contextlib.asynccontextmanager

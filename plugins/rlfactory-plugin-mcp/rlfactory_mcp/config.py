@@ -10,7 +10,9 @@ The standard file (Claude Desktop, qwen-agent, RL-Factory, Cursor ...)::
 
 A server with ``command`` runs as a subprocess spoken to over stdio; one with ``url`` over
 streamable HTTP, or SSE when ``transport`` is ``sse`` (or, with no ``transport``, when the
-URL's path ends in ``/sse``, as qwen-agent decides).
+URL's path ends in ``/sse``, as qwen-agent decides). A ``url`` server may set ``timeout``
+and ``sse_read_timeout`` (seconds; the MCP SDK's meaning, see
+:func:`rlfactory_mcp.client._http_timeouts`).
 
 RL-Factory keeps the same content in ``envs/configs/mcp_tools.pydata`` as a Python literal,
 a list of such dicts (``[{"mcpServers": {...}}]``). It is read with
@@ -51,6 +53,11 @@ class ServerSpec:
     cwd: str | None = None
     url: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: HTTP servers: seconds for connecting and each request (``timeout``), and for waiting
+    #: on the next bytes of a response or event stream (``sse_read_timeout``); None: the MCP
+    #: SDK's defaults (30 and 300).
+    timeout: float | None = None
+    sse_read_timeout: float | None = None
 
     def describe(self) -> str:
         """The server in a few words, for messages."""
@@ -169,12 +176,18 @@ def _server(where: str, name: str, entry: Any, problems: list[str]) -> ServerSpe
     if transport == "stdio":
         problems.append(f"{where}.transport: a server with a url speaks streamable-http or sse, not stdio")
     headers = _string_map(f"{where}.headers", entry.get("headers", {}), problems)
+    timeouts = {}
+    for key in ("timeout", "sse_read_timeout"):
+        value = entry.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            problems.append(f"{where}.{key}: must be a number of seconds > 0, got {value!r}")
+        timeouts[key] = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if len(problems) > before:
         return None
     assert parsed is not None
     if transport is None:  # qwen-agent's rule: an SSE endpoint is named so
         transport = "sse" if parsed.path.rstrip("/").endswith("/sse") else "streamable-http"
-    return ServerSpec(name=name, transport=transport, url=url, headers=headers)
+    return ServerSpec(name=name, transport=transport, url=url, headers=headers, **timeouts)
 
 
 def _string_map(where: str, value: Any, problems: list[str]) -> dict[str, str]:

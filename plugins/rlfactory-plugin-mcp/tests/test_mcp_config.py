@@ -82,3 +82,24 @@ def test_unusable_files_are_named(tmp_path, text, message):
         load_mcp_config(path)
     with pytest.raises(ConfigError, match="cannot read it"):
         load_mcp_config(tmp_path / "missing.json")
+
+
+def test_http_timeouts_are_read_and_checked():
+    servers = parse_mcp_config({"mcpServers": {
+        "search": {"url": "http://127.0.0.1:8000/mcp", "timeout": 10, "sse_read_timeout": 600.5},
+        "plain": {"url": "http://127.0.0.1:9000/sse"},
+    }})
+    assert (servers["search"].timeout, servers["search"].sse_read_timeout) == (10.0, 600.5)
+    assert (servers["plain"].timeout, servers["plain"].sse_read_timeout) == (None, None)  # the SDK's 30 and 300
+    with pytest.raises(ConfigError) as info:
+        parse_mcp_config({"mcpServers": {
+            "a": {"url": "http://h/mcp", "timeout": "30s", "sse_read_timeout": 0},
+            "b": {"url": "http://h/sse", "timeout": True},
+            "c": {"command": "python", "timeout": 5},
+        }}, source="cfg")
+    assert info.value.errors == [
+        "cfg.mcpServers.a.timeout: must be a number of seconds > 0, got '30s'",
+        "cfg.mcpServers.a.sse_read_timeout: must be a number of seconds > 0, got 0",
+        "cfg.mcpServers.b.timeout: must be a number of seconds > 0, got True",
+        "cfg.mcpServers.c: unknown key(s) 'timeout' for a stdio server (known: args, command, cwd, description, "
+        "disabled, env, transport, type)"]

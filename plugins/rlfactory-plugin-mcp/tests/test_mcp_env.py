@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from mcp_testing import server_processes, stdio_toolbox, time_server
+from mcp_testing import (assert_none_left, marked, marked_processes, new_marker, server_processes, stdio_toolbox,
+                         time_server)
 from rlfactory_core.config import load_config
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.plugins import get_component
@@ -23,6 +24,15 @@ def files(tmp_path):
     tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"What is {i} plus {i}?", "answer": str(2 * i)})
                              + "\n" for i in range(40)))
     return config, tasks
+
+
+@pytest.fixture
+def server_marker():
+    """A marker for the servers of one test; any still running after it are killed."""
+    marker = new_marker()
+    yield marker
+    for process in marked_processes(marker):
+        process.kill()
 
 
 def test_registered_through_the_plugin_manager():
@@ -161,11 +171,19 @@ async def test_a_rollout_recovers_when_a_server_is_killed_mid_run(files):
 
 
 @pytest.mark.slow
-def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path):
-    """`rlf train --env mcp` (the embedded model, hf backend, 2 steps) then `rlf eval`."""
+def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path, server_marker):
+    """`rlf train --env mcp` (the embedded model, hf backend, 2 steps) then `rlf eval`.
+
+    The servers belong to the `rlf` subprocess, and one it left behind would be re-parented
+    when it exits: they carry a marker in their environment and are looked for among all
+    processes. The toolbox keeps running after its stdin closes (as some servers do), so
+    only the MCP client's close ends it, and a server left behind is still there to find."""
     import subprocess
 
     config, tasks = files
+    marker = server_marker
+    config.write_text(json.dumps({"mcpServers": {"box": marked(stdio_toolbox(), marker, outlives_stdin=True),
+                                                 "time": marked(time_server(), marker)}}))
     run_dir = tmp_path / "run"
     common = [f"env_options={{mcp_config: {config}, data: {tasks}}}", "backend=hf", "data.eval_size=2",
               "logging.live=off", "rollout.max_tokens_per_turn=32", "rollout.max_turns=2"]
@@ -175,6 +193,7 @@ def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path):
                                 "eval.every=2", "eval.save_samples=2"],
                                stdout=out, stderr=subprocess.STDOUT, timeout=900)
     assert code == 0, (tmp_path / "train.log").read_text()[-3000:]
+    assert_none_left(marker)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
     assert "eval/reward/accuracy" in records[-1] and "tools/calls_per_trajectory" in records[-1]
@@ -186,5 +205,5 @@ def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path):
     assert code == 0, (tmp_path / "eval.log").read_text()[-3000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["samples"] == 2 and "eval/reward/accuracy" in report["metrics"]
-    assert server_processes() == []
+    assert_none_left(marker)
 

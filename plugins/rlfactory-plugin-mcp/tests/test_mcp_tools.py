@@ -79,6 +79,23 @@ async def test_streamable_http_and_sse_servers(http_toolbox, sse_toolbox):
         await tools.close()
 
 
+async def test_the_http_timeouts_of_the_config_reach_both_transports(http_toolbox, sse_toolbox):
+    """``sse_read_timeout``: how long a response may go without a byte. At 0.5 s a quick
+    call answers, and a 2 s tool loses its connection (restarted and retried once, then the
+    call's error); with the default (300 s) it answers (see the stdio tests for slow tools)."""
+    tools = toolset({"web": {"url": http_toolbox, "timeout": 5, "sse_read_timeout": 0.5},
+                     "events": {"url": sse_toolbox, "timeout": 5, "sse_read_timeout": 0.5}})
+    try:
+        found = by_name(tools)
+        quick = await asyncio.gather(found["web-echo"].call({"text": "a"}), found["events-echo"].call({"text": "b"}))
+        assert [r.content for r in quick] == ["a", "b"]
+        slow = await asyncio.gather(found["web-slow"].call({"seconds": 2}), found["events-slow"].call({"seconds": 2}),
+                                    return_exceptions=True)
+        assert all("Connection closed" in str(failure) for failure in slow), slow
+    finally:
+        await tools.close()
+
+
 async def test_names_are_namespaced_only_where_two_servers_clash_and_include_picks_tools():
     tools = toolset({"one": stdio_toolbox(), "two": stdio_toolbox(), "time": time_server()},
                     include=["one-echo", "two-echo", "get_current_time"])

@@ -1,6 +1,7 @@
 """An MCP server for the tests, with a tool for each behaviour the client must handle.
 
-    python toolbox.py stdio              # over stdin/stdout
+    python toolbox.py stdio              # over stdin/stdout (TOOLBOX_OUTLIVE_STDIN=1: keeps
+                                         # running after stdin closes, until killed)
     python toolbox.py http PORT          # streamable HTTP on 127.0.0.1:PORT/mcp
     python toolbox.py sse PORT           # SSE on 127.0.0.1:PORT/sse
 """
@@ -112,6 +113,8 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "stdio":
         server.run("stdio")
+        if os.environ.get("TOOLBOX_OUTLIVE_STDIN"):  # a server that only a kill ends
+            time.sleep(3600)
     elif mode == "http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     elif mode == "sse":
