@@ -40,7 +40,8 @@ from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample,
 
 from . import data as builtin_data
 from .formats import database_dirs_for, database_path, known_databases, load_bird, load_spider
-from .sandbox import QueryLimits, find_table, format_table, read_schema, run_query, schema_text, table_rows_sql
+from .sandbox import (QueryLimits, find_table, format_table, read_schema, require_sandbox, run_query, schema_text,
+                      table_rows_sql)
 from .sqltext import QueryError, extract_sql
 
 __all__ = ["NL2SQLEnv", "ListTablesTool", "DescribeTableTool", "RunQueryTool", "INSTRUCTION",
@@ -245,6 +246,7 @@ class NL2SQLEnv:
                  describe_rows: int = 3, time_limit_s: float = 2.0, max_cell_chars: int = 40,
                  schema_in_prompt: bool = True, few_shot: bool = True, use_evidence: bool = True,
                  parser: str = "qwen3", **unknown: Any):
+        require_sandbox()  # Python 3.11+: stop at startup, not at the first query
         # Unknown options are reported with the other problems, not one TypeError at a time.
         problems = [f"env_options.{key}: unknown option (options: {', '.join(OPTIONS)})" for key in unknown]
         if source not in SOURCES:

@@ -47,7 +47,7 @@ from typing import Any
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.types import RewardOutput, Sample, Trajectory
 
-from .sandbox import QueryLimits, QueryResult, run_query
+from .sandbox import QueryLimits, QueryResult, require_sandbox, run_query
 from .sqltext import QueryError, extract_sql, orders_rows
 
 __all__ = ["SQLExecutionReward", "normalise_rows", "same_result", "GOLD_KEYS"]
@@ -118,6 +118,7 @@ class SQLExecutionReward:
 
     def __init__(self, format_score: float = 0.1, time_limit_s: float = 5.0, max_rows: int = 10_000,
                  max_bytes: int = 16_000_000, float_digits: int = 6, **unknown: Any):
+        require_sandbox()  # Python 3.11+: stop at startup, not at the first trajectory
         problems = _problems(format_score, time_limit_s, max_rows, max_bytes, float_digits)
         problems += [f"{key}: unknown option (options: {', '.join(OPTIONS)})" for key in unknown]
         if problems:

@@ -20,7 +20,9 @@ layers, so that no single mistake opens the database to the model:
    recursive CTE bombs stop there, also while rows are fetched), a row limit and a byte
    limit on what is fetched (rows are fetched in batches, never all at once), SQLite's
    own limit on the size of one value (``SQLITE_LIMIT_LENGTH``: ``zeroblob(1e9)`` fails
-   at once), on the length of the SQL text, and on attached databases (0).
+   at once), on the length of the SQL text, and on attached databases (0). Setting them
+   needs ``Connection.setlimit`` (Python 3.11+): on an older Python the sandbox refuses
+   to open (:func:`require_sandbox`) rather than run without them.
 
 The source database is never modified (the tests check it byte for byte after hostile
 SQL). Each failure is a :class:`~rlfactory_nl2sql.sqltext.QueryError` whose ``kind`` is
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -41,11 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
+from rlfactory_core.errors import RLFactoryError
+
 from .sqltext import QueryError, check_query, quote_identifier
 
 __all__ = [
     "ERROR_KINDS",
     "QueryError",
+    "SandboxUnavailableError",
+    "require_sandbox",
     "QueryLimits",
     "QueryResult",
     "Column",
@@ -139,6 +146,26 @@ class Table:
 
 # --------------------------------------------------------------------------- connections
 
+# Connection.setlimit came with Python 3.11; without it SQLite's own limits (one value's
+# size, the SQL text, attached databases) cannot be set, and the sandbox does not run.
+_HAS_SETLIMIT = hasattr(sqlite3.Connection, "setlimit")
+
+
+class SandboxUnavailableError(RLFactoryError):
+    """The SQL sandbox cannot enforce its limits on this Python."""
+
+
+def require_sandbox() -> None:
+    """Raise :class:`SandboxUnavailableError` where the sandbox cannot run: on Python
+    3.10, whose ``sqlite3`` cannot set SQLite's limits. The env and the reward call it when
+    they are built, so that a run stops at startup; every connection checks it too."""
+    if not _HAS_SETLIMIT:
+        version = ".".join(map(str, sys.version_info[:2]))
+        raise SandboxUnavailableError(
+            f"the nl2sql SQL sandbox needs Python 3.11 or newer: Python {version}'s sqlite3 has no "
+            "Connection.setlimit, so the limits on one value's size, the SQL text and attached databases cannot "
+            "be set", hint="run RLFactory on Python 3.11+ to use the nl2sql env and the sql_execution reward")
+
 
 def _decode_text(data: bytes) -> str:
     # Spider/BIRD databases hold some text that is not UTF-8: show it, do not fail the query.
@@ -147,6 +174,7 @@ def _decode_text(data: bytes) -> str:
 
 def _open(db_path: str | os.PathLike[str], limits: QueryLimits) -> sqlite3.Connection:
     """A read-only connection to ``db_path`` (``mode=ro`` URI, ``query_only``, limits)."""
+    require_sandbox()
     path = Path(db_path)
     if not path.is_file():
         raise QueryError("no_database", f"there is no database file at {path}")
@@ -159,10 +187,9 @@ def _open(db_path: str | os.PathLike[str], limits: QueryLimits) -> sqlite3.Conne
     try:
         conn.text_factory = _decode_text
         conn.execute("PRAGMA query_only = ON")
-        if hasattr(conn, "setlimit"):  # Python >= 3.11
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.max_value_bytes)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)
-            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.max_value_bytes)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_SQL_BYTES)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     except sqlite3.Error as exc:
         conn.close()
         raise QueryError("no_database", f"the database {path} cannot be read: {exc}") from None

@@ -1,6 +1,7 @@
 """The nl2sql env: registration through the real plugin manager, config defaults, option
-checks, the prompt, the episode logic, the tools through the real tool manager, and whole
-episodes through the core's agent loop and reward layer with a scripted model."""
+checks, the prompt, the episode logic, the tools through the real tool manager, whole
+episodes through the core's agent loop and reward layer with a scripted model, and
+`rlf eval --env nl2sql` with that scripted model as the generation backend."""
 
 from __future__ import annotations
 
@@ -316,3 +317,44 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
     assert trajectories[2].metadata["sql_execution"] == {"error_kind": "sql_error",
                                                           "error": "SQL error: no such column: capital"}
     assert trajectories[3].final_answer == "" and trajectories[3].messages[-1].content == "The capital is Lima."
+
+
+def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(built, tmp_path, monkeypatch, capsys):
+    """`rlf eval --env nl2sql`, in process, through the CLI and rlfactory_core.trainer.evaluate
+    (the env's run defaults, its eval reward with format_score 0, the agent loop, the
+    report), with the generation backend replaced by the scripted model. Of 8 test
+    questions it answers 5 with their gold SQL, one with another question's gold SQL (runs,
+    another result), one with SQL that fails, one without an answer: accuracy 5/8."""
+    import json
+
+    from rlfactory_cli.app import run
+    from rlfactory_core import trainer
+    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer
+
+    samples = NL2SQLEnv(data_dir=str(built)).dataset(8, "test")  # what `rlf eval --size 8` evaluates
+    answers = [f"<answer>{s['query']}</answer>" for s in samples]
+    answers[2] = f"<answer>{samples[3]['query']}</answer>"
+    answers[5] = "<answer>SELECT nme FROM countries</answer>"
+    answers[7] = "I do not know."
+    script = {s["question"]: ("SELECT 1", answer) for s, answer in zip(samples, answers)}
+    assert len(script) == 8
+    monkeypatch.setattr(trainer, "_make_backend",
+                        lambda config, model_path: ScriptedBackend(load_tokenizer(model_path), script))
+
+    report_dir = tmp_path / "report"
+    code = run(["eval", "--env", "nl2sql", "--model", DEFAULT_MODEL, "--size", "8", "--report", str(report_dir),
+                f"env_options={{data_dir: {built}}}", "logging.live=off"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    metrics = report["metrics"]
+    assert (report["env"], report["split"], report["samples"]) == ("nl2sql", "test", 8)
+    assert metrics["eval/reward/accuracy"] == 5 / 8
+    assert metrics["eval/reward/mean"] == 5 / 8  # format_score 0 in evaluation: the mean is the accuracy
+    assert metrics["eval/reward/sql_execution/execution_match"] == 5 / 8
+    assert metrics["eval/reward/sql_execution/execution_error"] == 1 / 8
+    assert metrics["eval/reward/sql_execution/no_answer"] == 1 / 8
+    assert metrics["eval/tools/calls_per_trajectory"] == 1.0
+    assert "reward/accuracy" in printed.out and "0.625" in printed.out
+    rows = [json.loads(line) for line in next((report_dir / "samples").glob("*.jsonl")).read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]  # eval.save_samples: 8

@@ -5,6 +5,7 @@ sandbox on its own, limits, and the database file byte-identical afterwards."""
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,20 @@ def test_a_missing_database_and_undecodable_text(tmp_path, db):
     assert info.value.kind == "no_database"
     odd = make_db(tmp_path / "odd.sqlite", "CREATE TABLE t (s TEXT); INSERT INTO t VALUES (CAST(x'41ff42' AS TEXT));")
     assert run_query(odd, "SELECT s FROM t").rows == [("A\ufffdB",)]
+
+
+def test_without_connection_setlimit_the_sandbox_refuses_to_run(db, monkeypatch):
+    """Python 3.10's sqlite3 cannot set SQLite's limits (value size, SQL text, attached
+    databases): the sandbox, the env and the reward refuse to start there, in one line."""
+    from rlfactory_nl2sql import SQLExecutionReward, sandbox
+
+    assert sandbox._HAS_SETLIMIT == (sys.version_info >= (3, 11))
+    monkeypatch.setattr(sandbox, "_HAS_SETLIMIT", False)
+    for start in (lambda: run_query(db, "SELECT 1"), lambda: read_schema(db), NL2SQLEnv, SQLExecutionReward):
+        with pytest.raises(sandbox.SandboxUnavailableError) as info:
+            start()
+        assert str(info.value).startswith("the nl2sql SQL sandbox needs Python 3.11 or newer: Python ")
+        assert "Connection.setlimit" in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("sql, expected", [
