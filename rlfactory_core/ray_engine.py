@@ -33,8 +33,9 @@ worker, which loads it into its backend in place (``weight_sync/mb`` and
 replacement worker starts from them.
 
 Faults: a rollout worker that dies is replaced (same placement bundle, latest weights) and
-its prompts run again, up to ``ray.max_restarts`` times a step; one found dead when the new
-weights are pushed is replaced by a worker that starts from them; tool and judge actors are
+its prompts run again; one found dead when the new weights are pushed is replaced by a worker
+that starts from them; both count against ``ray.max_restarts`` replacements a step, beyond
+which the run fails saying so (0: any lost worker ends the run); tool and judge actors are
 restarted by Ray, and the calls that failed meanwhile are tool errors or reward errors. A
 trainer rank that dies ends the run with a message naming it: its shards are gone; resume
 from the last checkpoint (``rlf train --resume``, on either engine).
@@ -47,7 +48,8 @@ Placement: ``colocated`` (the default) gives trainer rank i and rollout worker i
 (``cpus``/``gpus`` of both roles): they take turns (rollout, then update), as verl's hybrid
 engine does; ``separate`` gives each role its own placement group. Requests the cluster
 cannot meet are reported with what the cluster has. The cluster is ``ray.address``, else
-``$RAY_ADDRESS``, else a local one started for the run (``ray.num_cpus``/``ray.num_gpus``).
+``$RAY_ADDRESS``, else a local one started for the run (``ray.num_cpus``/``ray.num_gpus``);
+an address where nothing answers is refused at once (``ray.init`` would retry it for minutes).
 """
 
 from __future__ import annotations
@@ -352,9 +354,13 @@ class _RolloutWorker:
 
     def __init__(self, threads: int):
         _quiet_worker(threads)
+        self.finished = 0  # rollout calls that returned
 
     def pid(self) -> int:
         return os.getpid()
+
+    def rollouts_done(self) -> int:
+        return self.finished
 
     async def start(self, config_json: dict[str, Any], model_path: str, tokenizer_path: str,
                     tools: dict[str, Any], judges: list[Any], weights: Any = None) -> None:
@@ -383,6 +389,7 @@ class _RolloutWorker:
                                                                     rewards=rewards)
         for trajectory in trajectories:  # the env's live state stays here (connections, sandboxes)
             trajectory.env_state = None
+        self.finished += 1
         return trajectories, scored, times
 
     async def update_weights(self, weights: list[tuple[str, Any]]) -> None:
@@ -445,6 +452,27 @@ def _remote(cls: type) -> Any:
     return ray.remote(cls)
 
 
+_JOIN_TIMEOUT_S = 10.0
+
+
+def _unreachable(address: str, timeout: float = _JOIN_TIMEOUT_S) -> str | None:
+    """Why nothing answers at a cluster address (``host:port``, ``ray://host:port``), or
+    None when a TCP connection opens (or the address is ``auto``/``local``, Ray's own to
+    resolve). Checked before ``ray.init``, which retries an address where nothing listens
+    for many minutes (20 GCS connection attempts of ~40 s each, measured with Ray 2.60)."""
+    import socket
+
+    target = address.removeprefix("ray://").rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # "auto", "local" or a malformed address: ray.init says what it makes of it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port} ({type(exc).__name__}: {exc.strerror or exc})"
+
+
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
@@ -467,6 +495,7 @@ class RayEngine:
         self.judges: list[Any] = []
         self.weights: Any = None  # ObjectRef of the latest synced weights
         self.restarts = 0  # rollout workers replaced, whole run
+        self.restarts_left = config.ray.max_restarts  # this step's: reset by each rollout, spent by the push too
 
     # ---- cluster and placement
 
@@ -483,12 +512,15 @@ class RayEngine:
         quiet = {"include_dashboard": False, "log_to_driver": self.config.ray.worker_logs,
                  "configure_logging": True, "logging_level": "warning"}
         if address:
+            hint = ("start it with `ray start --head` (see the README), or unset ray.address / RAY_ADDRESS "
+                    "to start a local one")
+            unreachable = _unreachable(address)
+            if unreachable:
+                raise RLFactoryError(f"cannot join the Ray cluster at {address}: {unreachable}", hint=hint)
             try:
                 ray.init(address=address, **quiet)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise RLFactoryError(f"cannot join the Ray cluster at {address}: {one_line(exc)}",
-                                     hint="start it with `ray start --head` (see the README), or unset "
-                                          "ray.address / RAY_ADDRESS to start a local one") from exc
+                raise RLFactoryError(f"cannot join the Ray cluster at {address}: {one_line(exc)}", hint=hint) from exc
         else:
             ray.init(num_cpus=self.config.ray.num_cpus, num_gpus=self.config.ray.num_gpus, **quiet)
             self.started_ray = True
@@ -635,11 +667,9 @@ class RayEngine:
         seeds its trajectories have on the local engine; a chunk whose worker dies runs
         again on its replacement."""
         chunks = _chunks(len(samples), len(self.rollout_workers))
-        restarts_left = self.config.ray.max_restarts
-        lock = asyncio.Lock()
+        self.restarts_left = self.config.ray.max_restarts
 
         async def run(index: int, start: int, end: int) -> tuple[list[Any], Any, dict[str, float]]:
-            nonlocal restarts_left
             chunk_config = rollout_config.model_copy(deep=True)
             if chunk_config.sampling.seed is not None:
                 chunk_config.sampling.seed += start * group_size
@@ -650,15 +680,7 @@ class RayEngine:
                 except ray.exceptions.RayTaskError as exc:  # raised in the worker: not a lost worker
                     raise _failure(f"rollout worker {index}", exc) from None
                 except ray.exceptions.RayActorError as exc:
-                    async with lock:
-                        if restarts_left == 0:
-                            raise RLFactoryError(
-                                f"rollout worker {index} died and the {self.config.ray.max_restarts} replacement(s) "
-                                f"allowed per step are used up ({one_line(exc)})",
-                                hint="check the Ray logs (/tmp/ray/session_latest/logs) and memory; raise "
-                                     "ray.max_restarts, or resume with `rlf train --resume`") from None
-                        restarts_left -= 1
-                        self.restarts += 1
+                    self._spend_restart(index, exc)
                     self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and running its "
                               f"{end - start} prompt(s) again")
                     with contextlib.suppress(Exception):
@@ -670,6 +692,18 @@ class RayEngine:
         times = {key: max(part[2].get(key, 0.0) for part in parts) for key in ("time/rollout", "time/reward")}
         times["ray/rollout_worker_restarts"] = float(self.restarts)
         return trajectories, _merge_scored([part[1] for part in parts]), times
+
+    def _spend_restart(self, index: int, exc: Exception) -> None:
+        """Count the replacement of dead rollout worker ``index`` against this step's
+        ``ray.max_restarts`` (rollout and weight push together), or fail the step."""
+        if self.restarts_left == 0:
+            raise RLFactoryError(
+                f"rollout worker {index} died and the {self.config.ray.max_restarts} replacement(s) a step that "
+                f"ray.max_restarts allows are used up ({one_line(exc)})",
+                hint="check the Ray logs (/tmp/ray/session_latest/logs) and memory; raise ray.max_restarts, or "
+                     "resume with `rlf train --resume RUN_DIR`") from None
+        self.restarts_left -= 1
+        self.restarts += 1
 
     async def _trainer_call(self, what: str, refs: list[Any]) -> list[Any]:
         try:
@@ -701,7 +735,7 @@ class RayEngine:
                 await worker.update_weights.remote(weights)
             except ray.exceptions.RayActorError as exc:
                 # lost since its rollout: the replacement starts from these weights (self.weights)
-                self.restarts += 1
+                self._spend_restart(index, exc)
                 self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it with the new weights")
                 with contextlib.suppress(Exception):
                     ray.kill(worker)

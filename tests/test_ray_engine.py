@@ -11,6 +11,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -24,7 +25,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E
 from rlfactory_core import trainer as T  # noqa: E402
 from rlfactory_core.checkpoint import latest_checkpoint  # noqa: E402
 from rlfactory_core.config import load_config  # noqa: E402
-from rlfactory_core.errors import ConfigError  # noqa: E402
+from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402
 from rlfactory_core.ray_engine import RayEngine, _chunks, _remote, _SharedTool, _ToolActor  # noqa: E402
 from rlfactory_core.types import ToolCall  # noqa: E402
@@ -71,13 +72,32 @@ def test_prompts_split_into_contiguous_near_equal_chunks():
     assert _chunks(1, 3) == [(0, 1)]  # never an empty chunk
 
 
-def test_one_update_gives_the_local_engines_weights(ray_cluster, tiny_model_dir, tmp_path):
+def model_turns(trajectory):
+    """``(token ids, sampler logprobs)`` of each model turn."""
+    return [(s.token_ids, s.logprobs) for s in trajectory.segments if s.kind == "model"]
+
+
+def same_turns(a, b, tol=1e-4):
+    """The same tokens, and logprobs within ``tol`` (float sums in another order, other batches)."""
+    turns_a, turns_b = model_turns(a), model_turns(b)
+    return [ids for ids, _ in turns_a] == [ids for ids, _ in turns_b] and all(
+        abs(x - y) <= tol for (_, la), (_, lb) in zip(turns_a, turns_b) for x, y in zip(la, lb))
+
+
+def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load_them(ray_cluster, tiny_model_dir,
+                                                                                      tmp_path):
     """Parity: the same batch, one update (two optimizer steps, KL on a reference model,
     clipping), on the local engine and on 2 FSDP2 ranks over gloo. Tolerance: 1e-5 per
     weight, 1% of one AdamW step at lr 1e-3 (measured: 1.7e-6, float32 sums in another
-    order; Adam's normalisation magnifies them where gradients are near zero)."""
+    order; Adam's normalisation magnifies them where gradients are near zero).
+
+    Then the pushed weights are the ones the rollout workers sample from: worker 0 loads
+    them in place, worker 1 dies before the push and its replacement starts from them; at
+    the next step's seeds both give the local engine's updated trajectories, not the base
+    weights' ones. Last, with ``ray.max_restarts=1`` a second lost worker in a step ends it."""
     overrides = ["train.lr=1e-3", "train.max_grad_norm=0.5", "grpo.kl_coef=0.1", "grpo.mini_batches=2",
-                 "grpo.micro_batch_tokens=200"]  # several micro-batches: uneven rounds between the ranks
+                 "grpo.micro_batch_tokens=200",  # several micro-batches: uneven rounds between the ranks
+                 "ray.rollout.workers=2", "ray.max_restarts=1"]
     config = tiny_config(tiny_model_dir, *overrides)
     local_config = config.model_copy(update={"engine": "local"})
     task = T._build_task(local_config)
@@ -90,25 +110,37 @@ def test_one_update_gives_the_local_engines_weights(ray_cluster, tiny_model_dir,
         remote = RayEngine(config, base_path=tiny_model_dir, checkpoint=None)
         try:
             await remote.start()
-            rollout_config = T._rollout_config(config, 1)
+            rollout_config, next_config = T._rollout_config(config, 1), T._rollout_config(config, 2)
             trajectories, _, _ = await local.rollout(samples, rollout_config, group_size=2)
             ray_trajectories, _, _ = await remote.rollout(samples, rollout_config, group_size=2)
             # same weights, same per-trajectory seeds: the same tokens on both engines
             assert [t.segments[0].token_ids for t in ray_trajectories] == [t.segments[0].token_ids
                                                                           for t in trajectories]
+            base_next, _, _ = await local.rollout(samples, next_config, group_size=2)  # the base weights' step 2
             rewards = [1.0, 0.0, 0.5, 0.2, 0.0, 1.0, 0.3, 0.3]
             batch = T._build_batch(trajectories, rewards, config, tokenizer.pad_token_id)
             assert len(T._micro_batches(list(range(8)), batch["lengths"], 200)) > 2
             local_stats = await local.update(batch.clone(), 1)
             ray_stats = await remote.update(batch.clone(), 1)
-            await remote.sync_weights()
+            await local.sync_weights()
+            os.kill(await remote.rollout_workers[1].pid.remote(), signal.SIGKILL)
+            await remote.sync_weights()  # worker 0 loads the weights; worker 1 is replaced, from them
+            assert remote.restarts == 1
             ray_weights = dict(ray.get(remote.weights))
-            return local_stats, ray_stats, dict(local.policy.state_dict()), ray_weights
+            local_next, _, _ = await local.rollout(samples, next_config, group_size=2)
+            ray_next, _, _ = await remote.rollout(samples, next_config, group_size=2)
+            # both workers lost, one replacement allowed: the step fails, saying so
+            for worker in remote.rollout_workers:
+                os.kill(await worker.pid.remote(), signal.SIGKILL)
+            with pytest.raises(RLFactoryError) as used_up:
+                await remote.rollout(samples, next_config, group_size=1)
+            return (local_stats, ray_stats, dict(local.policy.state_dict()), ray_weights, base_next, local_next,
+                    ray_next, used_up.value)
         finally:
             await remote.close()
             await local.close()
 
-    local_stats, ray_stats, local_weights, ray_weights = asyncio.run(run())
+    local_stats, ray_stats, local_weights, ray_weights, base_next, local_next, ray_next, used_up = asyncio.run(run())
     base = LlamaForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert set(ray_weights) == set(local_weights)
     moved = max(float((local_weights[k] - base[k]).abs().max()) for k in base)
@@ -119,12 +151,20 @@ def test_one_update_gives_the_local_engines_weights(ray_cluster, tiny_model_dir,
                 "train/optimizer_steps", "train/lr"):
         assert ray_stats[key] == pytest.approx(local_stats[key], rel=1e-5, abs=1e-7), key
 
+    # trajectories 0-3 come from worker 0 (weights loaded in place), 4-7 from worker 1's replacement:
+    # each is the updated local policy's (logprobs within 1e-6, measured) and none is the base
+    # weights' (other tokens, or logprobs 0.05 or more apart, measured)
+    assert all(same_turns(r, t) for r, t in zip(ray_next, local_next, strict=True))
+    assert not any(same_turns(t, b) for t, b in zip(local_next, base_next, strict=True))
+    assert re.match(r"rollout worker [01] died and the 1 replacement\(s\) a step that ray.max_restarts allows "
+                    r"are used up \(\w+Error", used_up.message), used_up.message
+    assert "raise ray.max_restarts" in used_up.hint
+
 
 def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_gets_the_new_weights(ray_cluster, tiny_model_dir):
-    config = tiny_config(tiny_model_dir, "ray.rollout.workers=2", "ray.trainer.workers=1",
-                         "rollout.max_tokens_per_turn=64", "rollout.sampling.temperature=1.0")
+    config = tiny_config(tiny_model_dir, "ray.rollout.workers=2", "ray.trainer.workers=1")
     task = T._build_task(config.model_copy(update={"engine": "local"}))
-    samples = list(task.env.dataset(size=16, split="train"))
+    samples = list(task.env.dataset(size=6, split="train"))
 
     async def run():
         engine = RayEngine(config, base_path=tiny_model_dir, checkpoint=None)
@@ -132,8 +172,15 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_get
             await engine.start()
             await engine.sync_weights()  # a replacement must start from the synced weights
             victim = await engine.rollout_workers[0].pid.remote()
-            step = asyncio.ensure_future(engine.rollout(samples, T._rollout_config(config, 1), group_size=4))
-            await asyncio.sleep(1.0)
+            # frozen before the step: it holds its chunk until killed, however fast the rollout is
+            os.kill(victim, signal.SIGSTOP)
+            step = asyncio.ensure_future(engine.rollout(samples, T._rollout_config(config, 1), group_size=2))
+            for _ in range(2400):  # until worker 1 is done: worker 0's chunk is all the step waits for
+                if await engine.rollout_workers[1].rollouts_done.remote() == 1:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("rollout worker 1 did not finish its chunk within 120 s")
             assert not step.done()
             os.kill(victim, signal.SIGKILL)
             trajectories, scored, times = await step
@@ -155,8 +202,8 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_get
     trajectories, scored, times, victim, replacement, restarts = asyncio.run(run())
     assert restarts == 1 and replacement != victim
     assert times["ray/rollout_worker_restarts"] == 1
-    assert len(trajectories) == len(scored.totals) == 64
-    assert [t.sample_id for t in trajectories] == [s["id"] for s in samples for _ in range(4)]
+    assert len(trajectories) == len(scored.totals) == 12
+    assert [t.sample_id for t in trajectories] == [s["id"] for s in samples for _ in range(2)]
 
 
 def test_roles_the_cluster_cannot_hold_are_refused_with_what_it_has(ray_cluster, tiny_model_dir):
@@ -194,7 +241,13 @@ def test_a_shared_tool_serves_calls_and_its_failures_become_tool_errors(ray_clus
             if after_restart[0].ok:
                 break
             await asyncio.sleep(0.2)
-        ray.kill(actor, no_restart=True)  # gone for good
+        ray.kill(actor, no_restart=True)  # gone for good, once the kill lands (it is asynchronous)
+        for _ in range(100):
+            try:
+                await actor.describe.remote()
+            except ray.exceptions.RayActorError:
+                break
+            await asyncio.sleep(0.1)
         gone = await manager.call([call])
         return first, after_restart, gone
 
@@ -238,14 +291,64 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
     assert [m["step"] for m in read_metrics(run_dir) if m.get("train/optimizer_steps")] == [1, 2, 3]
 
 
-def test_a_local_checkpoint_resumes_on_the_ray_engine(ray_cluster, tiny_model_dir, tmp_path):
+def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ray_cluster, tiny_model_dir, tmp_path,
+                                                                             capsys):
+    """A step of the ray engine with ``ray.placement=separate`` (2 trainer ranks and the
+    rollout worker in placement groups of their own), resumed from a local checkpoint."""
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model_dir, "engine=local", "train.steps=1", "data.eval_size=2", "eval.every=0",
-                         f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3")
+                         f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3",
+                         "ray.placement=separate")
     T.train(config)
     on_ray = config.model_copy(update={"engine": "ray"})
     on_ray.train.steps = 2
     T.train(on_ray, resume=run_dir)
+    assert "2 trainer rank(s), 1 rollout worker(s), placement separate" in capsys.readouterr().out
     assert latest_checkpoint(run_dir).name == "step-000002"
     resumed = [m for m in read_metrics(run_dir) if m.get("train/optimizer_steps")]
     assert [m["step"] for m in resumed] == [1, 2] and "weight_sync/mb" in resumed[-1]
+    assert resumed[-1]["train/trained_tokens"] > 0
+
+
+JOIN = """
+import json, sys
+import ray
+from rlfactory_core.config import load_config
+from rlfactory_core.errors import RLFactoryError
+from rlfactory_core.ray_engine import RayEngine
+
+out = {}
+try:  # ray.address wins over RAY_ADDRESS
+    RayEngine(load_config([], ["engine=ray", "ray.address=" + sys.argv[1]]), base_path=".", checkpoint=None)._connect()
+except RLFactoryError as exc:
+    out["refused"] = [exc.message, exc.hint]
+engine = RayEngine(load_config([], ["engine=ray"]), base_path=".", checkpoint=None)
+engine._connect()  # RAY_ADDRESS
+out["joined"] = [ray.get_runtime_context().gcs_address, engine.started_ray, ray.cluster_resources().get("CPU")]
+print(json.dumps(out))
+"""
+
+
+def test_a_run_joins_the_cluster_at_ray_address_and_a_dead_address_is_refused_at_once(ray_cluster):
+    """In another process, as ``RAY_ADDRESS=... rlf train`` would: the module's cluster is
+    joined, not a new one started; an address where nothing listens is refused in seconds
+    (ray.init alone retries it for many minutes)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    address = ray.get_runtime_context().gcs_address
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", JOIN, dead], capture_output=True, text=True, timeout=240,
+                            env={**os.environ, "RAY_ADDRESS": address})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["joined"] == [address, False, 2.0]  # this cluster, not one the engine started
+    message, hint = out["refused"]
+    assert message.startswith(f"cannot join the Ray cluster at {dead}: nothing answers at {dead}"), message
+    assert "ray start --head" in hint
+    assert time.monotonic() - started < 120
