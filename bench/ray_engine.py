@@ -17,8 +17,10 @@ Three measurements, side by side in one run:
    the same prompts (same seeds), one worker with all CPUs vs two workers with half each;
    model tokens per second of the whole rollout (generation, tools, rewards).
 
-    .venv/bin/python bench/ray_engine.py          # ~15 minutes on this 2-core CPU machine
-    .venv/bin/python bench/ray_engine.py --quick  # ~6 minutes, fewer steps and prompts
+    .venv/bin/python bench/ray_engine.py          # ~12-15 minutes on this 2-core CPU machine
+    .venv/bin/python bench/ray_engine.py --quick  # fewer steps and prompts (~6 minutes)
+
+Both times are estimates: the measured run (bench/README.md) was not timed as a whole.
 
 With 2 cores, any other process skews the numbers: run it alone.
 """
