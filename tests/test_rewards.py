@@ -311,21 +311,27 @@ def test_rule_rewards_are_registered():
 @pytest.mark.slow
 def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path):
     """One real step (hf backend, the default model) scored by a rule, the judge plugin (the
-    default model as an in-process judge) and a tool-verified reward, each logged."""
-    pytest.importorskip("rlfactory_qwq_judge")
+    default model as an in-process judge) and a tool-verified reward, each logged. The judge
+    gets the plugin's few-shot yes/no prompt, which the 135M model answers with a verdict word
+    (it ignores the default prompt's <score> request): the judge must really score, not only
+    fail into its fallback."""
+    import json
+
+    rlfactory_qwq_judge = pytest.importorskip("rlfactory_qwq_judge")
     from rlfactory_core import trainer
     from rlfactory_core.metrics import read_metrics
 
     run_dir = tmp_path / "run"
-    rewards = ("[{name: exact_match}, {name: format, weight: 0.1, options: {answer_tags: false}},"
-               " {name: arithmetic_verified, weight: 0.5},"
-               " {name: qwq_judge, weight: 0.5, max_concurrency: 4,"
-               "  options: {backend: hf, model: smollm2-135m-instruct, max_tokens: 24}}]")
+    judge = {"backend": "hf", "model": "smollm2-135m-instruct", "max_tokens": 4,
+             "prompt_template": rlfactory_qwq_judge.FEW_SHOT_YES_NO_TEMPLATE}
+    rewards = [{"name": "exact_match"}, {"name": "format", "weight": 0.1, "options": {"answer_tags": False}},
+               {"name": "arithmetic_verified", "weight": 0.5},
+               {"name": "qwq_judge", "weight": 0.5, "max_concurrency": 4, "options": judge}]
     config = load_config([], [
         "backend=hf", "grpo.prompts_per_step=2", "grpo.group_size=2", "data.eval_size=2", "eval.every=1",
         "eval.save_samples=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=40",
         "logging.live=off", "logging.tensorboard=false", "train.steps=1", f"run_dir={run_dir}",
-        f"rewards={rewards}"])
+        f"rewards={json.dumps(rewards)}"])  # JSON is YAML: the multi-line template as it is
     trainer.train(config)
     step = read_metrics(run_dir)[1]
     for name in ("exact_match", "format", "arithmetic_verified", "qwq_judge"):
@@ -333,6 +339,11 @@ def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path):
         assert f"eval/reward/{name}" in step, name
     assert "reward/format/tool_calls" in step
     assert step["reward/errors"] == step.get("reward/errors/qwq_judge", 0.0)  # only the judge may fail
+    # The judge scored: fewer errors than the step's 4 trajectories, and its components (which
+    # a trajectory gets only from a score, not from the fallback) show a judged answer.
+    for prefix, trajectories in (("reward", 4), ("eval/reward", 2)):
+        assert step.get(f"{prefix}/errors/qwq_judge", 0.0) < trajectories, prefix
+        assert step[f"{prefix}/qwq_judge/no_answer"] < 1.0, prefix
     weights = {"exact_match": 1.0, "format": 0.1, "arithmetic_verified": 0.5, "qwq_judge": 0.5}
     total = sum(w * step[f"reward/{n}"] for n, w in weights.items())
     assert step["reward/mean"] == pytest.approx(total)  # every reward applied to every trajectory

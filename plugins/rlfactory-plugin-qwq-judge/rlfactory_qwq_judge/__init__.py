@@ -18,7 +18,7 @@ from __future__ import annotations
 from rlfactory_core import hookimpl
 
 from .clients import JudgeBackendError, JudgeReply, LocalJudgeClient, OpenAIJudgeClient
-from .reward import BACKENDS, DEFAULT_PROMPT_TEMPLATE, Judgement, QwQJudgeReward
+from .reward import BACKENDS, DEFAULT_PROMPT_TEMPLATE, FEW_SHOT_YES_NO_TEMPLATE, Judgement, QwQJudgeReward
 from .verdict import JudgeOutputError, parse_verdict
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "OpenAIJudgeClient",
     "parse_verdict",
     "DEFAULT_PROMPT_TEMPLATE",
+    "FEW_SHOT_YES_NO_TEMPLATE",
     "BACKENDS",
     "rlfactory_register_rewards",
 ]

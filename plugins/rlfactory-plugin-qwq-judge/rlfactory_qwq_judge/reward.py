@@ -28,8 +28,8 @@ from rlfactory_core.types import RewardOutput, Sample, Trajectory
 from .clients import JudgeBackendError, JudgeReply, LocalJudgeClient, OpenAIJudgeClient
 from .verdict import JudgeOutputError, parse_verdict, strip_reasoning
 
-__all__ = ["QwQJudgeReward", "Judgement", "DEFAULT_PROMPT_TEMPLATE", "BACKENDS", "REFERENCE_KEYS", "defuse_tags",
-           "policy_answer"]
+__all__ = ["QwQJudgeReward", "Judgement", "DEFAULT_PROMPT_TEMPLATE", "FEW_SHOT_YES_NO_TEMPLATE", "BACKENDS",
+           "REFERENCE_KEYS", "defuse_tags", "policy_answer"]
 
 #: ``hf``, ``vllm`` and ``auto`` run the judge in this process; ``openai`` calls a server.
 BACKENDS = ("hf", "vllm", "auto", "openai")
@@ -54,6 +54,26 @@ of them, when several are listed). Different wording, formatting or units do not
 extra claims that contradict the reference do. Give a score between 0 and 1: 1 if the \
 answer is correct, 0 if it is wrong, a value in between only if it is partly correct. \
 End your reply with the score inside <score></score> tags."""
+
+#: A few-shot yes/no prompt for tiny judge models, for checking pipelines. It ends where the
+#: verdict goes, so the model's first word is the verdict ("yes" scores 1, "no" 0); use it
+#: with a small ``max_tokens`` (4), so the model has no room to write another example after
+#: it. The embedded SmolLM2-135M ignores the default template's ``<score>`` request, but
+#: completes this one with a verdict word; that makes it parseable, not a good judge (it
+#: says "no" to most answers, right ones included).
+FEW_SHOT_YES_NO_TEMPLATE = """Decide if the student answer matches the correct answer. Reply yes or no.
+
+Correct answer: Rome
+Student answer: Rome
+Match: yes
+
+Correct answer: Rome
+Student answer: Berlin
+Match: no
+
+Correct answer: {reference}
+Student answer: {answer}
+Match:"""
 
 
 @dataclass(frozen=True)
