@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from rlfactory_qwq_judge import JudgeBackendError, JudgeOutputError, QwQJudgeReward
+from rlfactory_qwq_judge import FEW_SHOT_YES_NO_TEMPLATE, JudgeBackendError, JudgeOutputError, QwQJudgeReward
 
 SAMPLE = {"question": "What is the capital of France?", "answer": "Paris"}
 
@@ -214,3 +214,42 @@ async def test_unknown_model_name_on_a_real_server(model_server, make_trajectory
         assert "model is the name the server serves" in info.value.hint
     finally:
         await reward.close()
+
+
+@pytest.mark.slow
+def test_judge_over_http_scores_a_training_step(model_server, tmp_path):
+    """One real step of the core's trainer (arithmetic env, hf backend, the default model) with
+    the judge behind the OpenAI-compatible server, next to a rule reward; the eval uses the
+    same rewards. The server answers with the embedded model, prompted with the few-shot
+    yes/no template, so the judge really scores instead of falling back."""
+    import json
+
+    from rlfactory_core import trainer
+    from rlfactory_core.config import load_config
+    from rlfactory_core.metrics import read_metrics
+
+    model_server.requests.clear()
+    run_dir = tmp_path / "run"
+    judge = {"backend": "openai", "base_url": model_server.base_url(), "model": "smollm2", "max_tokens": 4,
+             "timeout_s": 120, "prompt_template": FEW_SHOT_YES_NO_TEMPLATE}
+    rewards = [{"name": "exact_match"}, {"name": "qwq_judge", "weight": 0.5, "options": judge}]
+    trainer.train(load_config([], [
+        "backend=hf", "grpo.prompts_per_step=1", "grpo.group_size=2", "data.eval_size=1", "eval.save_samples=1",
+        "rollout.max_turns=2", "rollout.max_tokens_per_turn=32", "logging.live=off", "logging.tensorboard=false",
+        "train.steps=1", f"run_dir={run_dir}", f"rewards={json.dumps(rewards)}"]))
+    step = read_metrics(run_dir)[1]
+    for prefix, trajectories in (("reward", 2), ("eval/reward", 1)):
+        for key in ("exact_match", "qwq_judge", "qwq_judge/cache_hit", "mean", "errors"):
+            assert f"{prefix}/{key}" in step, f"{prefix}/{key}"
+        assert step[f"{prefix}/errors"] == step.get(f"{prefix}/errors/qwq_judge", 0.0)  # only the judge may fail
+        # The judge scored: not every trajectory fell back, and one had an answer it judged.
+        assert step.get(f"{prefix}/errors/qwq_judge", 0.0) < trajectories, prefix
+        assert step[f"{prefix}/qwq_judge/no_answer"] < 1.0, prefix
+        assert 0.0 <= step[f"{prefix}/qwq_judge"] <= 1.0
+    assert step["reward/mean"] == pytest.approx(step["reward/exact_match"] + 0.5 * step["reward/qwq_judge"])
+    # The replies came from the server, asked with the configured model name and template.
+    assert model_server.requests
+    for request in model_server.requests:
+        body = request["body"]
+        assert (body["model"], body["max_tokens"]) == ("smollm2", 4)
+        assert body["messages"][-1]["content"].endswith("Match:")

