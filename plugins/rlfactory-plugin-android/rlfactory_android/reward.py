@@ -4,7 +4,8 @@ The env reads the task's success check from the device when the episode ends (a 
 value, a contact, a note, a field's text: :func:`rlfactory_android.env.evaluate_check`),
 before the device is released, and keeps the verdict in the episode's state; this reward
 turns it into the score: ``success_value`` (1.0) when the check passed, ``failure_value``
-(0.0) otherwise. Components: ``success`` (1/0) and ``actions`` (device actions taken).
+(0.0) otherwise. Components: ``success`` (1/0) and ``actions`` (the tool calls carried out,
+waits included; refused calls and ones the device failed are not counted).
 A check the device could not answer is a reward error (counted, the fallback value given).
 A trajectory that is not an android episode gets ``None`` (the reward does not apply).
 """

@@ -1,11 +1,14 @@
 """The android env on the simulated phone: its apps, the screen text, every tool through the
-real tool manager (bad actions become error observations), the success check, the reward,
-the task files and the env's config errors."""
+real tool manager (bad actions become error observations), whole episodes through the agent
+loop with a scripted model, the success check, the reward, the task files and the env's
+config errors."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 
 import pytest
 
@@ -199,6 +202,109 @@ async def test_bad_actions_are_error_observations_never_crashes():
     await manager.close()
 
 
+async def test_tap_at_a_point_taps_what_is_there():
+    env = AndroidEnv(few_shot=False)
+    reset, manager, call = await start(env, task(settings={"global/wifi_on": "1"}))
+    result = await call("tap", x=210, y=2025)  # inside the launcher's Settings icon (60-360, 1900-2150)
+    assert result.ok and result.content.startswith("Tapped (210,2025).\nScreen: com.android.settings")
+    result = await call("tap", x=100, y=336)  # a point of the Wi-Fi row (252-420), left of its switch
+    assert result.ok and '"Wi-Fi" unchecked' in result.content
+    assert reset.state["device"].get_setting("global/wifi_on") == "0"
+    result = await call("tap", x=1079, y=2399)  # the screen's last pixel: on it, nothing there to tap
+    assert result.ok and result.content.startswith("Tapped (1079,2399).\nScreen: com.android.settings")
+    result = await call("tap", x=1080, y=2399)  # one past it
+    assert result.error == "invalid_arguments" and "(1080,2399) is off the screen" in result.content
+    assert reset.state["actions"] == 3
+    await env.close(reset.state)
+    await manager.close()
+    assert reset.state["success"] is True
+
+
+async def test_swipe_moves_the_finger_across_3_4_of_the_screen_or_element_and_scrolls_lists():
+    env = AndroidEnv(few_shot=False)
+    reset, manager, call = await start(env, task(notes=[f"note {i}" for i in range(30)], app="Notes"))
+    phone = reset.state["device"]
+    swipes = []
+    real_swipe = phone.swipe
+
+    def recorded(x1, y1, x2, y2, *rest):
+        swipes.append((x1, y1, x2, y2))
+        real_swipe(x1, y1, x2, y2, *rest)
+    phone.swipe = recorded
+
+    def listed():
+        return [e.label for e in reset.state["screen"].elements if e.long_clickable]
+    assert listed()[0] == "note 0" and len(listed()) == 12
+    the_list = next(e for e in reset.state["screen"].elements if e.scrollable)
+    assert the_list.bounds == (0, 252, 1080, 2274)
+    # across the list: its center (540,1263), 3/8 of its 2022 px height (758) either side
+    result = await call("swipe", direction="up", element=the_list.number)
+    assert result.ok and result.content.startswith("Swiped up.\nScreen: com.rlfactory.notes")
+    assert swipes[-1] == (540, 2021, 540, 505)
+    assert listed()[0] == "note 9"  # 1516 px up: 9 rows of 168 px further down the list
+    result = await call("swipe", direction="down", element=the_list.number)
+    assert swipes[-1] == (540, 505, 540, 2021) and listed()[0] == "note 0"
+    # across the screen: its center (540,1200), 3/8 of 2400 (900) and of 1080 (405) either side
+    await call("swipe", direction="up")
+    assert swipes[-1] == (540, 2100, 540, 300) and listed()[0] == "note 11"  # 1800 px: 11 rows
+    await call("swipe", direction="up")
+    assert listed()[0] == "note 18" and listed()[-1] == "note 29"  # as far as the list goes
+    shown = render_screen(reset.state["screen"])
+    result = await call("swipe", direction="left")
+    assert swipes[-1] == (945, 1200, 135, 1200)
+    assert result.content == "Swiped left.\n" + shown  # a sideways swipe does not scroll the list
+    await call("swipe", direction="right")
+    assert swipes[-1] == (135, 1200, 945, 1200)
+    assert reset.state["actions"] == 6 and len(swipes) == 6
+    await env.close(reset.state)
+    await manager.close()
+
+
+async def test_press_key_back_home_and_enter():
+    env = AndroidEnv(few_shot=False)
+    reset, manager, call = await start(env, task(app="Contacts", contacts=[{"name": "Ann Lee", "phone": "555-0101"}]))
+    fab = next(e for e in reset.state["screen"].elements if e.label == "Create contact")
+    await call("tap", element=fab.number)
+    name_field = reset.state["screen"].find("name_field")
+    await call("type_text", text="Zoe", element=name_field.number)
+    form = render_screen(reset.state["screen"])
+    result = await call("press_key", key="enter")  # the form's fields are one line: enter changes nothing
+    assert result.ok and result.content == "Pressed enter.\n" + form
+    result = await call("press_key", key="back")  # back leaves the form for the list, saving nothing
+    assert result.ok and result.content.startswith("Pressed back.\nScreen: com.android.contacts")
+    assert reset.state["screen"].find("name_field") is None and "Ann Lee" in result.content
+    row = next(e for e in reset.state["screen"].elements if e.label == "Ann Lee")
+    await call("long_press", element=row.number)
+    assert "Delete contact?" in render_screen(reset.state["screen"])
+    result = await call("press_key", key="back")  # back closes a dialog, and only the dialog
+    assert "Delete contact?" not in result.content and "Ann Lee" in result.content
+    result = await call("press_key", key="home")
+    assert result.ok and result.content.startswith("Pressed home.\nScreen: com.android.launcher3")
+    assert reset.state["device"].list_contacts() == [("Ann Lee", "555-0101")]
+    assert reset.state["actions"] == 7
+    await env.close(reset.state)
+    await manager.close()
+
+
+async def test_wait_shows_the_screen_and_refuses_more_than_10_seconds():
+    env = AndroidEnv(few_shot=False)
+    reset, manager, call = await start(env, task(app="Settings"))
+    shown = render_screen(reset.state["screen"])
+    started = time.perf_counter()
+    for seconds, said in ((2, "2"), (0.5, "0.5"), (10, "10")):
+        result = await call("wait", seconds=seconds)
+        assert result.ok and result.content == f"Waited {said} s.\n{shown}"
+    assert time.perf_counter() - started < 2  # the simulated phone has nothing to wait for
+    for seconds in (10.5, 60, -1, "2"):
+        result = await call("wait", seconds=seconds)
+        assert result.error == "invalid_arguments" and "invalid arguments for wait" in result.content, seconds
+    result = await call("wait")
+    assert result.error == "invalid_arguments" and "invalid arguments for wait" in result.content
+    assert reset.state["actions"] == 3  # the waits done count as actions; the refused ones do not
+    await env.close(reset.state)
+    await manager.close()
+
+
 async def test_a_device_failure_is_a_device_error_observation():
     env = AndroidEnv(few_shot=False)
     reset, manager, call = await start(env, task())
@@ -255,6 +361,89 @@ def test_the_reward_counts_an_unreadable_check_and_skips_other_episodes():
         reward.score(None, {}, context(state))
     state.update(success=False, check_error=None)
     assert reward.score(None, {}, context(state)).value == 0.0
+
+
+# --------------------------------------------------------------------------- whole episodes
+
+
+class ScriptedModel:
+    """A stand-in policy for the rollout engine: per goal, its moves, each a tool call written
+    in Qwen3's format or a final answer. It reads the screen it was last shown: a call's
+    ``"element": "Wi-Fi"`` becomes that element's number on it."""
+
+    name = "scripted"
+
+    def __init__(self, chat, moves):
+        self.chat, self.moves = chat, moves
+
+    async def generate(self, prompt_ids, sampling):
+        from rlfactory_core.rollout import Generation
+
+        episode = self.chat.decode(prompt_ids).rsplit("Task: ", 1)[1]  # after the worked examples
+        goal = episode.split("\n", 1)[0]
+        move = self.moves[goal][episode.count("<tool_response>")]
+        if isinstance(move, str):
+            reply = move
+        else:
+            name, arguments = move
+            if isinstance(arguments.get("element"), str):
+                screen = episode.rsplit("Screen: ", 1)[1]
+                number = re.search(r'^\[(\d+)\] \S+ "%s"' % re.escape(arguments["element"]), screen, re.M).group(1)
+                arguments = {**arguments, "element": int(number)}
+            reply = "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+        ids = self.chat.encode(reply) + [self.chat.turn_end_id]
+        return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")
+
+    async def close(self):
+        pass
+
+
+async def test_episodes_through_the_agent_loop_and_the_reward_layer():
+    """Two built-in tasks through the rollout engine as `rlf train --env android` builds it (the
+    env's defaults: the qwen3 parser, the worked examples, the tool manager, the reward layer
+    of `android_task`; the embedded model's chat template) with a scripted model: open
+    Settings, tap a row by its number on the screen, answer "Done.". The right row passes the
+    task's check and scores 1; the wrong row scores 0."""
+    from rlfactory_core.config import load_config
+    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
+    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, rollout
+    from rlfactory_core.trainer import _build_task
+
+    config = load_config([], [], flags={"env": "android"})
+    built = _build_task(config)
+    env = built.env
+    assert env.few_shot and built.parser.name == "qwen3"
+    samples = {s["id"]: s for s in env.dataset(None, "train")}
+    samples = [samples["train-setting-wifi_on-off"], samples["train-setting-zen_mode-off"]]
+    assert [s["goal"] for s in samples] == ["Turn off Wi-Fi.", "Turn off Do not disturb."]
+    model = ScriptedModel(ChatTemplate(load_tokenizer(prepare_model(DEFAULT_MODEL))), {
+        "Turn off Wi-Fi.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
+        "Turn off Do not disturb.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
+    })
+    try:
+        trajectories = await rollout(samples, env=env, parser=built.parser, tool_manager=built.tool_manager,
+                                     backend=model, chat=model.chat,
+                                     config=RolloutConfig(**config.rollout.model_dump()))
+        for trajectory in trajectories:
+            assert trajectory.stop_reason == "env_done" and trajectory.num_turns == 3, trajectory.metadata
+            assert [c.name for c in trajectory.tool_calls] == ["open_app", "tap"]
+            assert all(r.ok for r in trajectory.tool_results) and trajectory.final_answer == "Done."
+            opened, tapped = trajectory.tool_results
+            assert opened.content.startswith("Opened Settings.\nScreen: com.android.settings")
+            assert re.match(r'Tapped element \d+ \(LinearLayout "Wi-Fi"\)\.\n', tapped.content)
+            assert '"Wi-Fi" unchecked' in tapped.content
+        right, wrong = (t.env_state for t in trajectories)
+        assert (right["success"], right["check"]) == (True, "global/wifi_on = 0")
+        assert (wrong["success"], wrong["check"]) == (False, "global/zen_mode = 1")
+        assert right["released"] and wrong["released"]  # closed by the loop: checked, phone given back
+        scored = await built.rewards.score(trajectories, samples)
+        assert scored.totals == [1.0, 0.0] and scored.correct == [True, False]
+        metrics = scored.metrics("reward")
+        assert metrics["reward/accuracy"] == 0.5 and metrics["reward/android_task/success"] == 0.5
+        assert metrics["reward/android_task/actions"] == 2.0 and metrics["reward/errors"] == 0.0
+    finally:
+        await built.tool_manager.close()
+        await built.close_rewards()
 
 
 # --------------------------------------------------------------------------- tasks and config
