@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) Makefile
 
 test: install
 	@# Skips fail here (conftest.py): everything is installed, so only a missing GPU may skip.
-	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest
+	@# --durations: CI's log shows where its time goes (the whole run must stay under 30 minutes).
+	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest --durations=25
 
 docs:
 	$(PY) scripts/generate_plugins_md.py

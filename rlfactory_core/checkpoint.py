@@ -178,9 +178,10 @@ def _merged_copy(peft_model: Any) -> Any:
 
 
 def _recover_interrupted_saves(root: Path) -> None:
-    """Clean up after a save that was killed: a half-written ``.tmp-step-*`` is removed; a
-    ``.old-step-*`` (moved aside to be replaced) goes back into place when its replacement
-    never arrived, and is removed when it did."""
+    """Clean up after a save that was killed (only the writer calls this: a half-written
+    ``.tmp-step-*`` of a running save must not be touched by readers): the ``.tmp-step-*`` is
+    removed; a ``.old-step-*`` (moved aside to be replaced) goes back into place when its
+    replacement never arrived, and is removed when it did."""
     for leftover in root.glob(".tmp-step-*"):
         shutil.rmtree(leftover, ignore_errors=True)
     for aside in root.glob(".old-step-*"):
@@ -192,16 +193,18 @@ def _recover_interrupted_saves(root: Path) -> None:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint of ``run_dir`` (``latest``, else the highest step),
-    after recovering from a save that was killed midway."""
+    """The newest complete checkpoint of ``run_dir`` (``latest``, else the highest step).
+    Read-only, so it is safe beside a running save: where a re-save of the ``latest`` step
+    died between its two renames, that step's moved-aside copy (``.old-step-...``, which the
+    next save puts back) is returned."""
     root = Path(run_dir) / "checkpoints"
-    if root.is_dir():
-        _recover_interrupted_saves(root)
     pointer = root / "latest"
     if pointer.is_file():
-        candidate = root / pointer.read_text(encoding="utf-8").strip()
-        if _STEP_DIR.match(candidate.name) and (candidate / "state.json").is_file():
-            return candidate
+        name = pointer.read_text(encoding="utf-8").strip()
+        if _STEP_DIR.match(name):
+            for candidate in (root / name, root / f".old-{name}"):
+                if (candidate / "state.json").is_file():
+                    return candidate
     complete = [p for p in list_checkpoints(run_dir) if (p / "state.json").is_file()]
     return complete[-1] if complete else None
 

@@ -19,8 +19,7 @@ import pytest
 pytest.importorskip("ray")
 
 import ray  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from rlfactory_core import trainer as T  # noqa: E402
 from rlfactory_core.checkpoint import latest_checkpoint  # noqa: E402
@@ -42,21 +41,6 @@ def ray_cluster():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
     yield
     ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, default_model_dir):
-    """A 2-layer Llama with the default model's tokenizer (real chat template, real ids)."""
-    path = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def tiny_config(model_dir, *overrides):

@@ -244,8 +244,19 @@ def test_checkpoints_are_atomic_pruned_and_restore_state(tmp_path, default_model
                     state={"position": 25}, config={"env": "arithmetic"}, keep=2)
     assert json.loads((newest / "state.json").read_text())["position"] == 25
     assert not list((tmp_path / "checkpoints").glob(".old-*"))
-    newest.rename(tmp_path / "checkpoints" / ".old-step-000003")
-    assert latest_checkpoint(tmp_path) == newest and (newest / "state.json").is_file()
+    aside = tmp_path / "checkpoints" / ".old-step-000003"
+    newest.rename(aside)
+    assert latest_checkpoint(tmp_path) == aside  # readers find the complete copy and leave it be
+    assert aside.is_dir() and not newest.exists()
+    save_checkpoint(tmp_path, 4, model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler,
+                    state={"position": 32}, config={"env": "arithmetic"}, keep=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000003", "step-000004"]  # put back
+    assert not aside.exists()
+
+    # a reader never touches a save in progress (rlf eval or a resume check beside a run)
+    in_progress = tmp_path / "checkpoints" / ".tmp-step-000005"
+    in_progress.mkdir()
+    assert latest_checkpoint(tmp_path).name == "step-000004" and in_progress.is_dir()
 
 
 def test_rng_state_is_restored(tmp_path, default_model_dir):
