@@ -312,9 +312,10 @@ class Observer:
 @pytest.mark.exercises_hook("rlfactory_on_train_start")
 @pytest.mark.exercises_hook("rlfactory_on_train_step_end")
 @pytest.mark.exercises_hook("rlfactory_on_train_end")
-def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path):
+def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, tiny_model_dir):
+    # the mechanics of a run, not learning: a tiny model with the default model's tokenizer
     run_dir = tmp_path / "run"
-    config = load_config([], [*SMALL_RUN, "train.steps=2", f"run_dir={run_dir}"])
+    config = load_config([], [*SMALL_RUN, f"model.name={tiny_model_dir}", "train.steps=2", f"run_dir={run_dir}"])
     observer = Observer()
     with registered_plugin(observer, "observer"):
         assert T.train(config) == run_dir
@@ -454,7 +455,7 @@ def test_lora_weights_reach_the_backend_merged_under_hf_names(tmp_path, default_
 
 
 @pytest.mark.slow
-def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, monkeypatch, default_model_dir):
+def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, monkeypatch, tiny_model_dir):
     pytest.importorskip("peft")
     from safetensors.torch import load_file
 
@@ -462,7 +463,9 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     make_backend = T._make_backend
     monkeypatch.setattr(T, "_make_backend", lambda *a, **kw: backends.append(make_backend(*a, **kw)) or backends[-1])
     run_dir = tmp_path / "run"
-    lora = ["model.lora.enabled=true", "model.lora.r=4", "train.lr=1e-3", "grpo.kl_coef=0.05", "eval.every=0"]
+    # a tiny random model earns equal rewards (no advantage): the entropy bonus still moves the adapters
+    lora = ["model.lora.enabled=true", "model.lora.r=4", "train.lr=1e-3", "grpo.kl_coef=0.05", "eval.every=0",
+            "grpo.entropy_coef=0.01", f"model.name={tiny_model_dir}"]
     T.train(load_config([], [*SMALL_RUN, *lora, "train.steps=2", f"run_dir={run_dir}"]))
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -471,7 +474,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     checkpoint = latest_checkpoint(run_dir)
     assert (checkpoint / "adapter" / "adapter_config.json").is_file()
     merged = load_file(checkpoint / "model" / "model.safetensors")
-    base = AutoModelForCausalLM.from_pretrained(default_model_dir).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert set(merged) <= set(base)  # plain HF names, loadable by transformers and vLLM
     name = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.allclose(merged[name], base[name])  # the adapters were trained and merged in
