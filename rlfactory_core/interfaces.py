@@ -66,7 +66,11 @@ class ResponseParser(Protocol):
 
 
 class Env(Protocol):
-    """A task family: builds episodes, holds per-trajectory state, decides when they end."""
+    """A task family: builds episodes, holds per-trajectory state, decides when they end.
+
+    An env whose messages carry images (``Message.images``, for vision-language models)
+    sets the optional attribute ``shows_images = True`` (on the instance or the class), so
+    that ``rlf train`` refuses a text-only model before the first rollout."""
 
     name: ClassVar[str]
     description: ClassVar[str]

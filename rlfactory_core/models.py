@@ -60,6 +60,7 @@ __all__ = [
     "prepare_model",
     "resolve_model",
     "load_tokenizer",
+    "load_processor",
     "load_model",
     "list_models",
 ]
@@ -543,6 +544,38 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
         raise _load_error("tokenizer", os.fspath(name_or_path), resolved, exc) from exc
 
 
+def _vision_language(resolved: str | Path) -> bool:
+    """Whether the model is a vision-language model that transformers loads as
+    ``AutoModelForImageTextToText`` (LLaVA ...): a ``vision_config`` and that mapping."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    try:
+        config = AutoConfig.from_pretrained(str(resolved), **_hub_kwargs(resolved))
+    except Exception:  # noqa: BLE001 - the model loader reports an unreadable config
+        return False
+    return getattr(config, "vision_config", None) is not None and \
+        config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def load_processor(name_or_path: str | os.PathLike[str]) -> Any:
+    """The processor (tokenizer plus image processor) of a vision-language model; None for
+    a text-only model."""
+    resolved = resolve_model(name_or_path)
+    if not _vision_language(resolved):
+        return None
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(str(resolved), **_hub_kwargs(resolved))
+    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user
+        raise _load_error("processor", os.fspath(name_or_path), resolved, exc) from exc
+    if getattr(processor, "image_processor", None) is None:
+        raise ModelError(f"the processor of {os.fspath(name_or_path)!r} has no image processor",
+                         hint="save the model's full processor (processor.save_pretrained) into its directory")
+    return processor
+
+
 _DTYPES = {
     "float32": "float32", "fp32": "float32", "float": "float32",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -566,21 +599,23 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     device: str | torch.device = "cpu",
 ) -> Any:
-    """A causal LM (transformers ``PreTrainedModel``) on ``device``.
+    """A causal LM (transformers ``PreTrainedModel``) on ``device``; a vision-language model
+    (LLaVA ...) loads as ``AutoModelForImageTextToText``, which generates text the same way.
 
     ``dtype``: a ``torch.dtype``, a name (``"bfloat16"``, ``"bf16"``, ``"float32"`` ...),
     ``"auto"`` (the dtype stored in the checkpoint) or ``None`` (transformers' default).
     """
     resolved = resolve_model(name_or_path)
     torch_dtype = _torch_dtype(dtype)
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     kwargs = _hub_kwargs(resolved)
     if torch_dtype is not None:
         kwargs["dtype"] = torch_dtype
     name = os.fspath(name_or_path)
+    auto = AutoModelForImageTextToText if _vision_language(resolved) else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(resolved), **kwargs)
+        model = auto.from_pretrained(str(resolved), **kwargs)
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user

@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .config import RunConfig
-from .errors import ConfigError, RLFactoryError, one_line
+from .errors import ConfigError, ModelError, RLFactoryError, one_line
 from .plugins import notify
 from .rollout.backend import GREEDY_TEMPERATURE
 
@@ -294,6 +294,27 @@ def _load_policy(config: RunConfig, model_path: str | Path, device: Any, adapter
     return model
 
 
+def _check_images(config: RunConfig, env: Any, model_path: str | Path) -> Any:
+    """The model's processor when it is a vision-language model, else None; a config error
+    when the env shows the model images (its ``shows_images`` attribute) and this model or
+    engine cannot take them."""
+    from .models import load_processor
+
+    processor = load_processor(model_path)
+    if not getattr(env, "shows_images", False):
+        return processor
+    problems = []
+    if processor is None:
+        problems.append(f"model.name: the {config.env} env shows the model images, but {config.model.name!r} is a "
+                        "text-only model (no image processor)")
+    if config.engine == "ray":
+        problems.append("engine: the ray engine's workers do not pass images to the model; use engine=local")
+    if problems:
+        raise ConfigError(problems, hint="use a vision-language model (LLaVA-style) with engine=local and backend=hf, "
+                                         "or turn the env's images off (android: env_options.screenshot=false)")
+    return processor
+
+
 def _scheduler(optimizer: Any, config: RunConfig) -> Any:
     import torch
 
@@ -410,14 +431,18 @@ def _turn_reward_tensor(trajectories: Sequence[Any], width: int) -> Any:
     return out
 
 
-def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int) -> Any:
-    """The rollout batch as a TensorDict (see above), with per-token advantages."""
+def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int,
+                 processor: Any = None) -> Any:
+    """The rollout batch as a TensorDict (see above), with per-token advantages; with
+    images (a vision-language model's ``processor``), their model inputs too."""
     import torch
 
     from .algorithms.grpo import group_advantages, token_advantages
     from .rollout import to_tensordict
 
     td = to_tensordict(trajectories, pad_token_id=pad_id, layout="padded")
+    if processor is not None and any(t.images for t in trajectories):
+        _add_image_inputs(td, trajectories, processor)
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), config.grpo.group_size,
                                   config.grpo.advantage_norm)
     turn_rewards = None
@@ -430,11 +455,61 @@ def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: 
     return td
 
 
+def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> None:
+    """Each row's images as model inputs: ``image_inputs`` (a TensorDict of the image
+    processor's tensors, ``[B, most images in a row, ...]``, zero-padded) and
+    ``image_counts`` (``[B]``). Row ``r``'s first ``image_counts[r]`` entries are its images
+    in the order of its image tokens."""
+    import torch
+    from tensordict import TensorDict
+
+    from .rollout.render import image_inputs
+
+    per_row = [image_inputs(processor, t.images) if t.images else None for t in trajectories]
+    template = next(p for p in per_row if p is not None)
+    most = max(len(t.images) for t in trajectories)
+    padded = {}
+    for key, value in template.items():
+        out = torch.zeros((len(trajectories), most, *value.shape[1:]), dtype=value.dtype)
+        for row, inputs in enumerate(per_row):
+            if inputs is not None:
+                if tuple(inputs[key].shape[1:]) != tuple(value.shape[1:]):
+                    raise ModelError(f"the image processor gives {key} of different shapes per image "
+                                     f"({tuple(inputs[key].shape[1:])} vs {tuple(value.shape[1:])})",
+                                     hint="training takes models whose processor resizes every image to one "
+                                          "shape (LLaVA's CLIP processor)")
+                out[row, :len(inputs[key])] = inputs[key]
+        padded[key] = out
+    td["image_inputs"] = TensorDict(padded, batch_size=[len(trajectories)])
+    td["image_counts"] = torch.tensor([len(t.images) for t in trajectories], dtype=torch.int64)
+
+
 def _rows_of(batch: Any, rows: Sequence[int]) -> Any:
     """The micro-batch of ``rows``: a TensorDict narrowed to its longest row."""
     micro = batch[list(rows)]
     width = int(micro["lengths"].max())
-    return micro.apply(lambda t: t[:, :width] if t.dim() > 1 else t)
+    images = micro.pop("image_inputs", None)  # per image, not per token: not narrowed
+    micro = micro.apply(lambda t: t[:, :width] if t.dim() > 1 else t)
+    if images is not None:
+        micro["image_inputs"] = images
+    return micro
+
+
+def _micro_image_inputs(micro: Any, device: Any, dtype: Any) -> dict[str, Any] | None:
+    """The micro-batch's images as model inputs, concatenated in row order (the order of
+    their image tokens in a padded or packed batch); None without images."""
+    import torch
+
+    if "image_inputs" not in micro.keys():
+        return None
+    counts = [int(c) for c in micro["image_counts"]]
+    if not any(counts):
+        return None
+    out = {}
+    for key, value in micro["image_inputs"].items():
+        joined = torch.cat([value[row, :count] for row, count in enumerate(counts) if count])
+        out[key] = joined.to(device, dtype=dtype if joined.is_floating_point() else joined.dtype)
+    return out
 
 
 def _micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: bool = False) -> list[list[int]]:
@@ -498,6 +573,7 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
         scored = loss_mask[real][None]
     else:
         model_ids, model_mask, model_positions, scored = input_ids, attention_mask, position_ids, loss_mask
+    images = _micro_image_inputs(micro, device, next(model.parameters()).dtype)
     autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
     # Token t is predicted from position t - 1. Packed, position t - 1 may be the end of the
     # previous trajectory, but only for a trajectory's first token, which is a prompt token
@@ -507,7 +583,7 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
         if isinstance(model, torch.nn.Module) and getattr(model, "computes_scored_logits", False):
             chosen = model(model_ids, model_mask, model_positions, targets).float()  # an FSDP root (ray engine)
         else:
-            chosen = _scored_logits(model, model_ids, model_mask, model_positions, targets).float()
+            chosen = _scored_logits(model, model_ids, model_mask, model_positions, targets, images).float()
     if temperature >= GREEDY_TEMPERATURE:
         chosen = chosen / temperature
     token_ids = model_ids[:, 1:][targets]
@@ -529,12 +605,21 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
     return logprobs, entropies
 
 
-def _scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids: Any, targets: Any) -> Any:
+def _scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids: Any, targets: Any,
+                   images: dict[str, Any] | None = None) -> Any:
     """``[N, V]`` logits of the positions that predict the ``targets`` (``[b, l-1]`` bool).
 
     The vocabulary projection only where a sampled token is scored: prompts and
     observations are most of a trajectory, and [tokens, vocab] logits are most of the
-    memory (49k x 4 bytes a token for SmolLM2)."""
+    memory (49k x 4 bytes a token for SmolLM2). ``images``: a vision-language model's image
+    inputs, in the order of the image tokens; the body is then the whole multimodal model
+    (vision tower, projector, language model), not just the language decoder."""
+    if images:
+        head = model.get_output_embeddings()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through peft
+        hidden = base.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False, **images).last_hidden_state
+        return head(hidden[:, :-1][targets])
     decoder, head = _decoder_and_head(model)
     if decoder is not None:
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -826,8 +911,8 @@ class _LocalEngine:
     in this process."""
 
     def __init__(self, config: RunConfig, task: _Task, tokenizer: Any, *, base_path: Path,
-                 checkpoint: Path | None):
-        self.config, self.task, self.tokenizer = config, task, tokenizer
+                 checkpoint: Path | None, processor: Any = None):
+        self.config, self.task, self.tokenizer, self.processor = config, task, tokenizer, processor
         self.base_path, self.checkpoint = base_path, checkpoint
 
     async def start(self) -> dict[str, Any] | None:
@@ -863,7 +948,7 @@ class _LocalEngine:
         self.backend = _make_backend(config, model_path)
         if hasattr(self.backend, "start"):
             await self.backend.start()
-        self.generation = _LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer))
+        self.generation = _LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer, processor=self.processor))
         return state
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -966,12 +1051,14 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         raise ConfigError(["data: the training set is empty"])
     base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
     tokenizer = load_tokenizer(base_path)
+    processor = _check_images(config, task.env, base_path)
     if config.engine == "ray":
         from .ray_engine import RayEngine
 
         engine: Any = RayEngine(config, base_path=base_path, checkpoint=checkpoint, console=console)
     else:
-        engine = _LocalEngine(config, task, tokenizer, base_path=base_path, checkpoint=checkpoint)
+        engine = _LocalEngine(config, task, tokenizer, base_path=base_path, checkpoint=checkpoint,
+                              processor=processor)
     try:
         resumed = await engine.start()
     except BaseException:
@@ -996,7 +1083,8 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
 
     def save(at_step: int) -> None:
         nonlocal last_saved
-        engine.save(run_dir, at_step, state={"position": state["position"]}, tokenizer=tokenizer)
+        # A vision-language model's processor saves its tokenizer and its image processor.
+        engine.save(run_dir, at_step, state={"position": state["position"]}, tokenizer=processor or tokenizer)
         last_saved = at_step
 
     try:
@@ -1029,7 +1117,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 # 4-6. advantages and the update (not interruptible: a half-applied step is lost)
                 view.phase("train")
                 t = time.perf_counter()
-                batch = _build_batch(trajectories, totals, config, pad_id)
+                batch = _build_batch(trajectories, totals, config, pad_id, processor)
                 train_stats = await engine.update(batch, step)
                 sequence_advantages, batch_tokens = batch["sequence_advantages"], float(batch["attention_mask"].sum())
                 del batch
@@ -1136,11 +1224,13 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     # data.eval_size subset that periodic evaluation during training uses.
     samples = load_samples(config, task.env, split, size)
     tokenizer = load_tokenizer(path)
+    processor = _check_images(config, task.env, path)
     backend = _make_backend(config, path)
     if hasattr(backend, "start"):
         await backend.start()
     try:
-        metrics = await _run_eval(0, samples, _LocalRollout(task, backend, ChatTemplate(tokenizer)), config,
+        chat = ChatTemplate(tokenizer, processor=processor)
+        metrics = await _run_eval(0, samples, _LocalRollout(task, backend, chat), config,
                                   report_dir / "samples" if report_dir else None, tokenizer)
     finally:
         await backend.close()

@@ -44,16 +44,27 @@ class ToolCall:
 
 @dataclass
 class Message:
-    """One chat message, convertible to the dict form chat templates expect."""
+    """One chat message, convertible to the dict form chat templates expect.
+
+    ``images``: pictures shown with the message to a vision-language model (a
+    ``PIL.Image.Image``, or the bytes of a PNG / JPEG file), placed before its text. A
+    message with images renders its content as parts, ``[{"type": "image"}, ...,
+    {"type": "text", "text": content}]``, the shape multimodal chat templates expect; the
+    image data itself goes to the model through its processor, not through the template.
+    """
 
     role: Role
     content: str
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        content: Any = self.content
+        if self.images:
+            content = [*({"type": "image"} for _ in self.images), {"type": "text", "text": self.content}]
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             out["name"] = self.name
         if self.tool_call_id is not None:
@@ -158,6 +169,11 @@ class Trajectory:
     @property
     def num_turns(self) -> int:
         return sum(1 for s in self.segments if s.kind == "model")
+
+    @property
+    def images(self) -> list[Any]:
+        """The images of the conversation in the order their tokens appear in the ids."""
+        return [image for message in self.messages for image in message.images]
 
 
 @dataclass

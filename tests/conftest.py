@@ -60,3 +60,12 @@ def tiny_model_dir(tmp_path_factory, default_model_dir):
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory, default_model_dir):
+    """A tiny random LLaVA (2-layer Llama + 1-layer CLIP, 4 image tokens per image) with the
+    default model's tokenizer and a processor: the image path's mechanics, end to end."""
+    from rlfactory_core.testing import build_tiny_vision_model
+
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vlm"), default_model_dir)

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Literal, Sequence
 
 import pydantic
@@ -99,7 +100,7 @@ def _with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: An
         return list(messages)
     if messages and messages[0].role == "system":
         first = messages[0]
-        system = Message(role="system", content=parser.render_system_prompt(first.content, tools))
+        system = replace(first, content=parser.render_system_prompt(first.content, tools))
         return [system, *messages[1:]]
     return [Message(role="system", content=parser.render_system_prompt("", tools)), *messages]
 
@@ -166,8 +167,13 @@ async def run_trajectory(
         except Exception as exc:  # noqa: BLE001 - e.g. this episode's tools are ones the parser cannot show
             return _end(trajectory, "env_error", f"the parser could not present the tools: {one_line(exc)}")
         trajectory.messages = list(messages)
-        trajectory.prompt_ids = chat.prompt_ids(messages)
+        try:
+            trajectory.prompt_ids = chat.prompt_ids(messages)
+        except Exception as exc:  # noqa: BLE001 - e.g. images for a text-only model, an unreadable image
+            return _end(trajectory, "env_error", f"rendering the prompt failed: {one_line(exc)}")
         context = list(trajectory.prompt_ids)
+        # The images behind the context's image tokens, in order (see rollout.render).
+        images = trajectory.images
         limit = _token_limit(config, backend)
         if len(context) >= limit:
             return _end(trajectory, "prompt_too_long", f"the prompt has {len(context)} tokens; the limit is {limit}")
@@ -177,7 +183,11 @@ async def run_trajectory(
             budget = limit - len(context)
             started = time.perf_counter()
             try:
-                generation = await backend.generate(context, sampling.with_max_tokens(min(budget, sampling.max_tokens)))
+                turn_sampling = sampling.with_max_tokens(min(budget, sampling.max_tokens))
+                # Only a multimodal context passes images, so text-only backends keep the
+                # two-argument call.
+                generation = await (backend.generate(context, turn_sampling, images=images) if images
+                                    else backend.generate(context, turn_sampling))
             except Exception as exc:  # noqa: BLE001
                 return _end(trajectory, "generation_error", f"generation failed: {one_line(exc)}")
             trajectory.metadata["generation_s"] += time.perf_counter() - started
@@ -241,6 +251,7 @@ async def run_trajectory(
             trajectory.segments.append(Segment("observation", observation_ids, num_messages=len(observation)))
             context.extend(observation_ids)
             trajectory.messages.extend(observation)
+            images = [*images, *(image for message in observation for image in message.images)]
         return _end(trajectory, "max_turns")
     except asyncio.CancelledError:
         _end(trajectory, "cancelled")

@@ -34,6 +34,15 @@ floating-point reassociation in the batched matmuls). The cache is a config-less
 merging above legal; the backend serves attention-only decoder models (Llama, Qwen2/3,
 Mistral, SmolLM ...), not models with recurrent / linear-attention layers.
 
+Images
+------
+A vision-language model (LLaVA-style: ``pixel_values`` in, image tokens in the prompt
+replaced by the image features) takes ``generate(..., images=[...])``: the images behind
+the prompt's image tokens, in order (:mod:`.render` expands each image's placeholder to its
+tokens). The backend runs them through the model's image processor; a prefill passes the
+admitted rows' images concatenated in row order, which is the order of their image tokens
+in the batch. Decode steps need none: the features are in the cache.
+
 Sampling and logprobs
 ---------------------
 Per row, in float32: temperature (``< 1e-5`` is greedy, vLLM's threshold; greedy is the
@@ -100,6 +109,7 @@ class _Request:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     generator: torch.Generator | None = None
+    image_inputs: dict[str, torch.Tensor] | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -185,6 +195,14 @@ def _cache_from(layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicC
     # ``ddp_cache_data`` is DynamicCache's constructor from per-layer (keys, values); without
     # a config every layer is a plain full-attention DynamicLayer (see the module docstring).
     return DynamicCache(ddp_cache_data=list(layers))
+
+
+def _concat_image_inputs(parts: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor] | None:
+    """The rows' image inputs as one batch, in row order (the order of their image tokens)."""
+    present = [p for p in parts if p]
+    if not present:
+        return None
+    return {key: torch.cat([p[key] for p in present]) for key in present[0]}
 
 
 def _padding_mask(seen: torch.Tensor, width: int) -> torch.Tensor:
@@ -288,6 +306,7 @@ class HFBackend:
         device: str | torch.device = "cpu",
         max_batch_size: int = 32,
         max_model_len: int | None = None,
+        processor: Any = None,
     ) -> None:
         if max_batch_size < 1:
             raise ModelError(f"max_batch_size must be >= 1, got {max_batch_size}", hint="use 1 or more rows")
@@ -301,6 +320,7 @@ class HFBackend:
 
             self._model = load_model(model, dtype=dtype, device=device)
         self._model.eval()
+        self._processor = processor  # loaded from the model's directory on first use with images
         self._device = next(self._model.parameters()).device
         text_config = self._model.config.get_text_config()
         self._vocab_size = self._model.get_input_embeddings().num_embeddings
@@ -341,9 +361,12 @@ class HFBackend:
         ``weight_updates``."""
         return dict(self._stats)
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`)."""
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       images: Sequence[Any] = ()) -> Generation:
+        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`); ``images``: the
+        images behind the prompt's image tokens, in order (vision-language models only)."""
         prompt = self._check_request(prompt_ids, sampling)
+        image_inputs = await asyncio.to_thread(self._image_inputs, prompt, images) if images else None
         loop = asyncio.get_running_loop()
         request = _Request(
             prompt=prompt,
@@ -351,6 +374,7 @@ class HFBackend:
             stop_ids=self._eos_ids | frozenset(sampling.stop_token_ids),
             future=loop.create_future(),
             loop=loop,
+            image_inputs=image_inputs,
         )
         if sampling.seed is not None:
             request.generator = torch.Generator(device=self._device)
@@ -416,6 +440,34 @@ class HFBackend:
                 hint="shorten the prompt, lower max_tokens, or raise max_model_len if the model supports it",
             )
         return prompt
+
+    def _image_inputs(self, prompt: list[int], images: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """The model's inputs for the request's images, checked against its image tokens."""
+        from .render import image_inputs
+
+        image_token = getattr(self._model.config, "image_token_id", None)
+        if image_token is None:
+            image_token = getattr(self._model.config, "image_token_index", None)
+        if image_token is None:
+            raise ModelError(f"{len(images)} image(s) given, but {self._model.config.model_type!r} is a text-only model",
+                             hint="use a vision-language model (e.g. LLaVA) or leave images out")
+        if image_token not in prompt:
+            raise ModelError(f"{len(images)} image(s) given, but the prompt has no image tokens",
+                             hint="render the conversation with the model's processor (ChatTemplate(processor=...))")
+        if self._processor is None:
+            from ..models import load_processor
+
+            self._processor = load_processor(self._model.name_or_path)
+            if self._processor is None:
+                raise ModelError(f"no image processor found for {self._model.name_or_path!r}",
+                                 hint="save the model's processor with it (processor.save_pretrained), or pass "
+                                      "processor= to the backend")
+        try:
+            inputs = image_inputs(self._processor, images)
+        except ValueError as exc:
+            raise ModelError(f"cannot read the request's images: {exc}", hint="pass PIL images or image file bytes") from None
+        return {key: value.to(self._device, dtype=self._model.dtype if value.is_floating_point() else value.dtype)
+                for key, value in inputs.items()}
 
     @staticmethod
     def _named_tensors(model: PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -538,9 +590,9 @@ class HFBackend:
                 _answer(request.loop, request.future, error=exc)
 
     def _forward_last_logits(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                             cache: DynamicCache) -> torch.Tensor:
+                             cache: DynamicCache, image_inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         output = self._model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+                             past_key_values=cache, use_cache=True, logits_to_keep=1, **(image_inputs or {}))
         return output.logits[:, -1, :].float()
 
     def _prefill(self, requests: list[_Request]) -> _Batch | None:
@@ -555,7 +607,8 @@ class HFBackend:
         mask = _padding_mask(seen, width)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = self._forward_last_logits(input_ids, mask.long(), positions, cache)
+        logits = self._forward_last_logits(input_ids, mask.long(), positions, cache,
+                                           _concat_image_inputs([r.image_inputs for r in requests]))
         batch = _Batch(rows=list(requests), cache=cache, seen=seen, width=width)
         return self._record(batch, logits)
 

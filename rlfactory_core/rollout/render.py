@@ -21,6 +21,16 @@ reasoning, inserting default system prompts) cannot shift it::
 :func:`check_retokenization` is the diagnostic the other way round: it renders the
 finished conversation through the template, tokenizes it, and reports where that would
 differ from the ids kept (``rlf doctor`` runs it on a sample conversation).
+
+Images
+------
+With a vision-language model's ``processor``, messages may carry images
+(:attr:`~rlfactory_core.types.Message.images`). The template writes one placeholder per image
+(``<image>``); :meth:`ChatTemplate.encode` tokenizes through the processor, which expands each
+placeholder to the image's run of image tokens. The prompt and every observation are encoded
+with their own images, so the kept ids hold exactly the image tokens the model saw, and the
+trajectory's images (:attr:`~rlfactory_core.types.Trajectory.images`) line up with those
+runs in order: the backends and the trainer give the model the same images in that order.
 """
 
 from __future__ import annotations
@@ -28,10 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ..errors import ModelError
+from ..errors import ModelError, one_line
 from ..types import Message, Segment, Trajectory
 
-__all__ = ["ChatTemplate", "RetokenizationReport", "check_retokenization", "self_check", "trajectory_ids"]
+__all__ = ["ChatTemplate", "RetokenizationReport", "check_retokenization", "self_check", "trajectory_ids",
+           "as_pil_image"]
 
 # A reference conversation for computing deltas. The marker is plain ASCII that no
 # template transforms; the user turn makes templates that insist on one happy.
@@ -43,22 +54,50 @@ def _dicts(messages: Iterable[Message | dict[str, Any]]) -> list[dict[str, Any]]
     return [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
 
 
+def _images(messages: Iterable[Message | dict[str, Any]]) -> list[Any]:
+    return [image for m in messages if isinstance(m, Message) for image in m.images]
+
+
+def as_pil_image(image: Any) -> Any:
+    """``image`` as an RGB ``PIL.Image.Image``: a PIL image, or the bytes of an image file
+    (PNG, JPEG ...). Raises :class:`ValueError` for anything else."""
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - transformers' image processors need it too
+        raise ModelError("images need Pillow", hint="pip install pillow") from None
+    if isinstance(image, Image.Image):
+        return image if image.mode == "RGB" else image.convert("RGB")
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        import io
+
+        try:
+            with Image.open(io.BytesIO(bytes(image))) as opened:
+                return opened.convert("RGB")
+        except Exception as exc:  # noqa: BLE001 - PIL raises several kinds
+            raise ValueError(f"the image bytes are not a readable image file ({exc})") from None
+    raise ValueError(f"an image must be a PIL.Image.Image or the bytes of an image file, got {type(image).__name__}")
+
+
 class ChatTemplate:
     """Renders and tokenizes conversations with a tokenizer's chat template.
 
     :param tokenizer: a transformers tokenizer with a ``chat_template``.
     :param stop_token_ids: ids that end a model turn besides the tokenizer's EOS (the
         same ``stop_token_ids`` given to the backend's sampling).
+    :param processor: a vision-language model's processor (``AutoProcessor``), for messages
+        with images; None for a text-only model, which then refuses them.
     :param template_kwargs: extra variables for the template (e.g. ``enable_thinking``).
     """
 
-    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int] = (), **template_kwargs: Any):
+    def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int] = (), *, processor: Any = None,
+                 **template_kwargs: Any):
         if not getattr(tokenizer, "chat_template", None):
             raise ModelError(
                 f"the tokenizer of {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template",
                 hint="use an instruct/chat model, or set tokenizer.chat_template before the rollout",
             )
         self.tokenizer = tokenizer
+        self.processor = processor if getattr(processor, "image_processor", None) is not None else None
         self.template_kwargs = template_kwargs
         eos = tokenizer.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -77,16 +116,50 @@ class ChatTemplate:
             _dicts(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
         )
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of rendered text. No BOS/EOS added: the template writes its own."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+    @property
+    def accepts_images(self) -> bool:
+        """Whether messages may carry images (the model has an image processor)."""
+        return self.processor is not None
+
+    def encode(self, text: str, images: Sequence[Any] = ()) -> list[int]:
+        """Token ids of rendered text. No BOS/EOS added: the template writes its own.
+
+        ``images``: one per image placeholder in ``text``, in order; the processor expands
+        each placeholder to the image's tokens. Raises :class:`ModelError` when the model
+        takes no images or the placeholders and images do not match."""
+        if not images:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        self._check_accepts(images)
+        try:
+            pictures = [as_pil_image(image) for image in images]
+            encoded = self.processor(text=[text], images=pictures, add_special_tokens=False)
+        except (ValueError, TypeError) as exc:
+            raise ModelError(f"cannot encode {len(images)} image(s) with the text: {one_line(exc)}",
+                             hint="each image needs its own placeholder in the rendered text: put images in "
+                                  "Message.images, not in the content") from None
+        return [int(i) for i in encoded["input_ids"][0]]
+
+    def _check_accepts(self, images: Sequence[Any]) -> None:
+        if images and self.processor is None:
+            raise ModelError(
+                f"{len(images)} image(s) in the conversation, but {getattr(self.tokenizer, 'name_or_path', 'the model')!r} "
+                "is a text-only model (it has no image processor)",
+                hint="turn the env's images off (e.g. env_options.screenshot=false), or use a vision-language model")
+
+    def image_inputs(self, images: Sequence[Any]) -> dict[str, Any]:
+        """The model's inputs for ``images`` (``pixel_values`` ...: tensors whose first
+        dimension is the image), in order. Requires :attr:`accepts_images`."""
+        if self.processor is None:
+            raise ModelError("this model takes no images", hint="use a vision-language model")
+        return image_inputs(self.processor, images)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def prompt_ids(self, messages: Sequence[Message | dict[str, Any]]) -> list[int]:
         """Ids of the opening conversation followed by the generation prompt."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        self._check_accepts(_images(messages))  # before rendering: a text template fails on image parts
+        return self.encode(self.render(messages, add_generation_prompt=True), _images(messages))
 
     def _assistant_turn_suffix(self) -> str:
         """What the template writes after an assistant message's content (``<|im_end|>\\n``)."""
@@ -107,7 +180,8 @@ class ChatTemplate:
         The model's end-of-turn token (when it sampled one) is kept as the model's; only
         the rest of the template's turn ending (``"\\n"`` after ``<|im_end|>``) is added.
         """
-        return self.encode(self.turn_glue(model_token_ids) + self.observation_delta(observation))
+        self._check_accepts(_images(observation))
+        return self.encode(self.turn_glue(model_token_ids) + self.observation_delta(observation), _images(observation))
 
     def turn_glue(self, model_token_ids: Sequence[int]) -> str:
         """The template's assistant-turn ending not already sampled by the model."""
@@ -133,6 +207,14 @@ class ChatTemplate:
                 hint="use a template that renders conversations append-only (ChatML, Qwen, Llama 3 ...)",
             )
         return after[len(before):]
+
+
+def image_inputs(processor: Any, images: Sequence[Any]) -> dict[str, Any]:
+    """``processor``'s image processor applied to ``images``: a dict of tensors whose first
+    dimension is the image (``pixel_values`` ``[n, 3, H, W]`` for LLaVA), in order."""
+    pictures = [as_pil_image(image) for image in images]
+    out = processor.image_processor(pictures, return_tensors="pt")
+    return {key: value for key, value in out.items() if hasattr(value, "shape")}
 
 
 @dataclass
@@ -176,7 +258,8 @@ def check_retokenization(trajectory: Trajectory, chat: ChatTemplate, context_tok
     """
     kept = trajectory_ids(trajectory)
     ends_with_observation = bool(trajectory.segments) and trajectory.segments[-1].kind == "observation"
-    retokenized = chat.encode(chat.render(trajectory.messages, add_generation_prompt=ends_with_observation))
+    retokenized = chat.encode(chat.render(trajectory.messages, add_generation_prompt=ends_with_observation),
+                              trajectory.images)
     limit = min(len(kept), len(retokenized))
     first = next((i for i in range(limit) if kept[i] != retokenized[i]), None)
     if first is None and len(kept) <= len(retokenized):

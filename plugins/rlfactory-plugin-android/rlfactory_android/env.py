@@ -63,7 +63,7 @@ INSTRUCTION = (
 BACKENDS = ("simulated", "adb")
 #: The apps of the ``adb`` backend unless ``apps`` says otherwise: AOSP's Settings and Contacts.
 ADB_APPS = {"Settings": "com.android.settings", "Contacts": "com.android.contacts"}
-OPTIONS = ("backend", "splits", "devices", "adb_path", "device_timeout_s", "apps", "few_shot", "parser")
+OPTIONS = ("backend", "splits", "devices", "adb_path", "device_timeout_s", "apps", "few_shot", "parser", "screenshot")
 _SWIPE = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
 
 
@@ -347,6 +347,9 @@ class AndroidEnv:
     :param few_shot: show worked examples (tasks done on simulated phones, their tool calls
         written by the run's parser) before the task; default on for the simulated backend only.
     :param parser: the parser that writes the example's tool calls (the run's; set by the trainer).
+    :param screenshot: also show the model a screenshot (PNG) of the screen with the task
+        and after every turn with actions, as an image part of a message (vision-language
+        models; the trainer refuses a text-only model).
     """
 
     name = "android"
@@ -368,7 +371,7 @@ class AndroidEnv:
     def __init__(self, backend: str = "simulated", splits: dict[str, str | None] | None = None,
                  devices: int | list[str] | None = None, adb_path: str = "adb", device_timeout_s: float = 15.0,
                  apps: dict[str, str] | None = None, few_shot: bool | None = None, parser: str = "qwen3",
-                 **unknown: Any):
+                 screenshot: bool = False, **unknown: Any):
         problems = [f"env_options.{key}: unknown option (options: {', '.join(OPTIONS)})" for key in unknown]
         if backend not in BACKENDS:
             problems.append(f"env_options.backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -396,6 +399,10 @@ class AndroidEnv:
         if few_shot is not None and not isinstance(few_shot, bool):
             problems.append(f"env_options.few_shot: must be true or false, got {few_shot!r}")
         self.few_shot = (backend == "simulated") if few_shot is None else bool(few_shot)
+        if not isinstance(screenshot, bool):
+            problems.append(f"env_options.screenshot: must be true or false, got {screenshot!r}")
+        #: the trainer checks the model takes images when this is set (rlfactory_core.interfaces.Env)
+        self.shows_images = screenshot is True
         self.split_files = self._split_files(splits, problems)
         self.parser: Any = None
         if self.few_shot:
@@ -551,15 +558,33 @@ class AndroidEnv:
         messages = [Message(role="system", content=INSTRUCTION)]
         if self.few_shot:
             messages += self._example_messages()
-        messages.append(Message(role="user", content=f"Task: {task.goal}\n\n{render_screen(screen)}"))
+        images = []
+        if self.shows_images:
+            try:
+                images = [await run_in_tool_thread(device.screenshot)]
+            except BaseException:
+                await pool.release(device)
+                raise
+        messages.append(Message(role="user", content=f"Task: {task.goal}\n\n{render_screen(screen)}", images=images))
         state = {"task": task, "device": device, "screen": screen, "lock": asyncio.Lock(), "actions": 0,
                  "success": None, "check": None, "check_error": None, "released": False}
         return EnvReset(messages=messages, tools=list(self.tools), state=state)
 
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
+        if turn.tool_calls and self.shows_images:
+            return EnvStep(observation=[await self._screenshot_message(state)])
         if turn.tool_calls or turn.errors:
             return EnvStep()  # the rollout shows the results (or the parse errors)
         return EnvStep(done=True, final_answer=turn.content.strip())
+
+    async def _screenshot_message(self, state: dict[str, Any]) -> Message:
+        """The screen after the turn's actions, as an image; a failed screenshot is said in words."""
+        async with state["lock"]:
+            try:
+                png = await run_in_tool_thread(state["device"].screenshot)
+            except DeviceError as exc:
+                return Message(role="user", content=f"(No screenshot: {exc})")
+        return Message(role="user", content="Screenshot:", images=[png])
 
     async def close(self, state: Any) -> None:
         """Read the success check from the device, then give the device back."""

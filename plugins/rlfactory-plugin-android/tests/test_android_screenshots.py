@@ -1,0 +1,109 @@
+"""``env_options.screenshot``: the screen as an image part of the messages, for
+vision-language models. The env's messages on the simulated phone; ``rlf train`` and
+``rlf eval`` on a tiny random LLaVA built from a config (the embedded model's tokenizer);
+the config error for a text-only model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+from rlfactory_core.errors import ConfigError
+from rlfactory_core.types import ParsedTurn, ToolCall
+from rlfactory_android import AndroidEnv
+from rlfactory_android.device import DeviceError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+TASK = {"id": "t", "goal": "Turn off Wi-Fi.", "start": {"settings": {"global/wifi_on": "1"}},
+        "check": {"kind": "setting", "name": "global/wifi_on", "value": "0"}}
+
+
+async def test_the_task_and_every_turn_with_actions_come_with_a_screenshot():
+    env = AndroidEnv(few_shot=False, screenshot=True)
+    assert env.shows_images and not AndroidEnv(few_shot=False).shows_images
+    reset = await env.reset(TASK)
+    opening = reset.messages[-1]
+    assert opening.content.startswith("Task: Turn off Wi-Fi.") and len(opening.images) == 1
+    assert opening.images[0].startswith(PNG)
+    manager = ConcurrentToolManager(tools=reset.tools)
+    call = ToolCall(name="open_app", arguments={"app": "Settings"})
+    results = await manager.call([call], {"state": reset.state, "tool_names": {t.name for t in reset.tools}})
+    step = await env.step(reset.state, ParsedTurn(text="", tool_calls=[call]), results)
+    assert not step.done and len(step.observation) == 1
+    shown = step.observation[0]
+    assert shown.images[0].startswith(PNG) and shown.images[0] != opening.images[0]  # Settings is open now
+    # a turn without actions ends the episode with no picture
+    assert (await env.step(reset.state, ParsedTurn(text="Done.", content="Done."), [])).done
+
+    def broken():
+        raise DeviceError("screencap failed")
+    reset.state["device"].screenshot = broken
+    step = await env.step(reset.state, ParsedTurn(text="", tool_calls=[call]), results)
+    assert step.observation[0].content == "(No screenshot: screencap failed)" and not step.observation[0].images
+    await env.close(reset.state)
+    await manager.close()
+
+
+def test_screenshot_must_be_a_boolean():
+    with pytest.raises(ConfigError, match="env_options.screenshot: must be true or false, got 'yes'"):
+        AndroidEnv(screenshot="yes")
+
+
+def test_a_text_only_model_is_refused_before_the_run(tmp_path):
+    from rlfactory_core.config import load_config
+    from rlfactory_core.trainer import train
+
+    config = load_config([], ["env=android", "env_options={screenshot: true, few_shot: false}", "backend=hf",
+                              f"run_dir={tmp_path / 'run'}", "logging.live=off"])
+    with pytest.raises(ConfigError, match="text-only model"):
+        train(config)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory):
+    from rlfactory_core.models import DEFAULT_MODEL, prepare_model
+    from rlfactory_core.testing import build_tiny_vision_model
+
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vlm"), prepare_model(DEFAULT_MODEL))
+
+
+@pytest.mark.slow
+def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(tmp_path, tiny_vlm):
+    run_dir = tmp_path / "run"
+    common = ["backend=hf", f"model.name={tiny_vlm}", "data.eval_size=2", "logging.live=off",
+              "rollout.max_turns=2", "rollout.max_tokens_per_turn=16", "env_options={few_shot: false, screenshot: true}"]
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "android",
+                                "--run-dir", str(run_dir), *common, "train.steps=2", "grpo.prompts_per_step=2",
+                                "grpo.group_size=2", "eval.every=2", "eval.save_samples=2"],
+                               stdout=out, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
+    assert code == 0, log.read_text()[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r.get("rollout/stop/env_error", 0.0) == 0.0 for r in records[1:])  # every prompt rendered
+    samples = [json.loads(line) for line in (run_dir / "samples" / "step-000002.jsonl").read_text().splitlines()]
+    assert samples and all(s["text"].count("<image>") >= 4 for s in samples)  # each screenshot's 4 image tokens
+    model_dir = run_dir / "checkpoints" / "latest"
+    assert model_dir.exists()
+
+    from rlfactory_core.checkpoint import latest_checkpoint
+    from rlfactory_core.models import load_processor
+
+    assert load_processor(latest_checkpoint(run_dir) / "model") is not None  # saved with its image processor
+    report_dir = tmp_path / "report"
+    eval_log = tmp_path / "eval.log"
+    with open(eval_log, "w") as out:
+        code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "eval", "--env", "android", "--model",
+                                str(run_dir), "--size", "2", "--report", str(report_dir), *common],
+                               stdout=out, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
+    assert code == 0, eval_log.read_text()[-3000:]
+    report = json.loads((report_dir / "report.json").read_text())
+    assert report["samples"] == 2 and "eval/reward/android_task/success" in report["metrics"]
+    assert report["metrics"].get("eval/rollout/stop/env_error", 0.0) == 0.0
