@@ -61,6 +61,7 @@ __all__ = [
     "resolve_model",
     "load_tokenizer",
     "load_processor",
+    "VISION_MODEL_TYPES",
     "load_model",
     "list_models",
 ]
@@ -542,6 +543,13 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user
         raise _load_error("tokenizer", os.fspath(name_or_path), resolved, exc) from exc
+
+
+#: Vision-language architectures whose image path is implemented and tested end to end
+#: (generation and training see the same image tokens and pixels): an image processor that
+#: gives every image one shape, image tokens at ordinary 1D positions. Others (Qwen2-VL's 3D
+#: positions, LLaVA-NeXT's per-image patch counts) are refused, not run approximately.
+VISION_MODEL_TYPES = ("llava",)
 
 
 def _vision_language(resolved: str | Path) -> bool:

@@ -298,7 +298,7 @@ def _check_images(config: RunConfig, env: Any, model_path: str | Path) -> Any:
     """The model's processor when it is a vision-language model, else None; a config error
     when the env shows the model images (its ``shows_images`` attribute) and this model or
     engine cannot take them."""
-    from .models import load_processor
+    from .models import VISION_MODEL_TYPES, load_processor
 
     processor = load_processor(model_path)
     if not getattr(env, "shows_images", False):
@@ -307,12 +307,23 @@ def _check_images(config: RunConfig, env: Any, model_path: str | Path) -> Any:
     if processor is None:
         problems.append(f"model.name: the {config.env} env shows the model images, but {config.model.name!r} is a "
                         "text-only model (no image processor)")
+    else:
+        model_type = _model_type(model_path)
+        if model_type not in VISION_MODEL_TYPES:
+            problems.append(f"model.name: {model_type!r} vision-language models are not supported for images yet "
+                            f"(supported: {', '.join(VISION_MODEL_TYPES)})")
     if config.engine == "ray":
         problems.append("engine: the ray engine's workers do not pass images to the model; use engine=local")
     if problems:
         raise ConfigError(problems, hint="use a vision-language model (LLaVA-style) with engine=local and backend=hf, "
                                          "or turn the env's images off (android: env_options.screenshot=false)")
     return processor
+
+
+def _model_type(model_path: str | Path) -> str:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(model_path)).model_type
 
 
 def _scheduler(optimizer: Any, config: RunConfig) -> Any:

@@ -288,3 +288,22 @@ async def test_a_policy_update_on_image_trajectories_trains_the_vision_tower_too
     moved = {name for name, p in policy.named_parameters() if not torch.equal(p, before[name])}
     for part in ("model.vision_tower.", "model.multi_modal_projector.", "model.language_model.", "lm_head."):
         assert any(name.startswith(part) for name in moved), part
+
+
+async def test_vision_architectures_not_tested_end_to_end_are_refused(vlm, tiny_vlm_dir, monkeypatch):
+    """Only architectures in VISION_MODEL_TYPES take images: another one (here LLaVA itself,
+    struck off the list) is refused by the config check and the backend, not run approximately."""
+    from rlfactory_core import models
+    from rlfactory_core.config import load_config
+
+    chat, model, processor = vlm
+    monkeypatch.setattr(models, "VISION_MODEL_TYPES", ("qwen2_vl",))
+    with pytest.raises(ConfigError, match="'llava' vision-language models are not supported for images yet"):
+        T._check_images(load_config([], ["env=arithmetic"]), _ScreenEnv(), tiny_vlm_dir)
+    backend = HFBackend(model, max_batch_size=2, processor=processor)
+    try:
+        with pytest.raises(ModelError, match="images for 'llava' models are not supported yet"):
+            await backend.generate(chat.prompt_ids([Message("user", "hi", images=[picture((1, 1, 1))])]),
+                                   SamplingParams(max_tokens=2), images=[picture((1, 1, 1))])
+    finally:
+        await backend.close()

@@ -451,6 +451,12 @@ class HFBackend:
         if image_token is None:
             raise ModelError(f"{len(images)} image(s) given, but {self._model.config.model_type!r} is a text-only model",
                              hint="use a vision-language model (e.g. LLaVA) or leave images out")
+        from ..models import VISION_MODEL_TYPES
+
+        if self._model.config.model_type not in VISION_MODEL_TYPES:
+            raise ModelError(f"images for {self._model.config.model_type!r} models are not supported yet "
+                             f"(supported: {', '.join(VISION_MODEL_TYPES)})",
+                             hint="use a LLaVA-architecture model, or leave images out")
         if image_token not in prompt:
             raise ModelError(f"{len(images)} image(s) given, but the prompt has no image tokens",
                              hint="render the conversation with the model's processor (ChatTemplate(processor=...))")
