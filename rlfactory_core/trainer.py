@@ -314,6 +314,12 @@ def _check_images(config: RunConfig, env: Any, model_path: str | Path) -> Any:
                             f"(supported: {', '.join(VISION_MODEL_TYPES)})")
     if config.engine == "ray":
         problems.append("engine: the ray engine's workers do not pass images to the model; use engine=local")
+    if config.backend == "vllm":
+        # Measured with vLLM 0.32: it expands each image placeholder itself (so the ids must be
+        # collapsed to one placeholder per image and checked after), its LLaVA imports need
+        # torchvision, and it expects the vision tower's weights under names that
+        # transformers 5 no longer saves. Until that is built and tested, hf only.
+        problems.append("backend: the vllm backend does not take images yet; use backend=hf (or auto)")
     if problems:
         raise ConfigError(problems, hint="use a vision-language model (LLaVA-style) with engine=local and backend=hf, "
                                          "or turn the env's images off (android: env_options.screenshot=false)")
@@ -344,13 +350,16 @@ def _scheduler(optimizer: Any, config: RunConfig) -> Any:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _make_backend(config: RunConfig, model_path: Path | str) -> Any:
+def _make_backend(config: RunConfig, model_path: Path | str, *, images: bool = False) -> Any:
+    """The generation backend; ``auto`` is ``hf`` when the env shows images (the only backend
+    that takes them, see :func:`_check_images`)."""
     from .rollout import make_backend
 
+    name = "hf" if images and config.backend == "auto" else config.backend
     try:
-        return make_backend(config.backend, str(model_path), **config.backend_options)
+        return make_backend(name, str(model_path), **config.backend_options)
     except TypeError as exc:
-        raise ConfigError([f"backend_options: the {config.backend!r} backend does not take these options "
+        raise ConfigError([f"backend_options: the {name!r} backend does not take these options "
                            f"({one_line(exc)})"], hint="vllm takes max_num_seqs, kv_cache_gib, ...; hf takes "
                                                     "max_batch_size, dtype, device") from exc
 
@@ -956,7 +965,7 @@ class _LocalEngine:
         state = None
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.backend = _make_backend(config, model_path)
+        self.backend = _make_backend(config, model_path, images=getattr(self.task.env, "shows_images", False))
         if hasattr(self.backend, "start"):
             await self.backend.start()
         self.generation = _LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer, processor=self.processor))
@@ -1236,7 +1245,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     samples = load_samples(config, task.env, split, size)
     tokenizer = load_tokenizer(path)
     processor = _check_images(config, task.env, path)
-    backend = _make_backend(config, path)
+    backend = _make_backend(config, path, images=getattr(task.env, "shows_images", False))
     if hasattr(backend, "start"):
         await backend.start()
     try:

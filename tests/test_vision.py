@@ -267,6 +267,26 @@ def test_an_env_that_shows_images_needs_a_vision_model_and_the_local_engine(defa
     ray = load_config([], ["env=arithmetic", "engine=ray"])
     with pytest.raises(ConfigError, match="ray engine"):
         T._check_images(ray, _ScreenEnv(), tiny_vlm_dir)
+    vllm = load_config([], ["env=arithmetic", "backend=vllm"])
+    with pytest.raises(ConfigError, match="the vllm backend does not take images yet; use backend=hf"):
+        T._check_images(vllm, _ScreenEnv(), tiny_vlm_dir)
+
+
+async def test_backend_auto_is_hf_for_images_and_vllm_refuses_them(tiny_vlm_dir):
+    from rlfactory_core.config import load_config
+    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+
+    backend = T._make_backend(load_config([], ["env=arithmetic", "backend=auto"]), tiny_vlm_dir, images=True)
+    try:
+        assert isinstance(backend, HFBackend)
+    finally:
+        await backend.close()
+    vllm = VLLMBackend(str(tiny_vlm_dir))  # the engine starts on first use: the check comes first
+    try:
+        with pytest.raises(ModelError, match="the vllm backend does not take images yet"):
+            await vllm.generate([1, 2], SamplingParams(max_tokens=1), images=[picture((1, 1, 1))])
+    finally:
+        await vllm.close()
 
 
 async def test_a_policy_update_on_image_trajectories_trains_the_vision_tower_too(vlm):

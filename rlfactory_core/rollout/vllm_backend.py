@@ -241,10 +241,15 @@ class VLLMBackend:
         """Start the engine now rather than on the first request. Idempotent."""
         await self._started_engine()
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
-        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`)."""
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       images: Sequence[Any] = ()) -> Generation:
+        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`). ``images`` are
+        refused: this backend does not take images yet (the ``hf`` backend does)."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if images:
+            raise ModelError(f"the vllm backend does not take images yet ({len(images)} given)",
+                             hint="use the hf backend for vision-language models (backend=hf)")
         engine = await self._started_engine()
         request_id = f"rlf-{uuid.uuid4().hex}"
         final = None
