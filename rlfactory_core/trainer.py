@@ -314,14 +314,8 @@ def _check_images(config: RunConfig, env: Any, model_path: str | Path) -> Any:
                             f"(supported: {', '.join(VISION_MODEL_TYPES)})")
     if config.engine == "ray":
         problems.append("engine: the ray engine's workers do not pass images to the model; use engine=local")
-    if config.backend == "vllm":
-        # Measured with vLLM 0.32: it expands each image placeholder itself (so the ids must be
-        # collapsed to one placeholder per image and checked after), its LLaVA imports need
-        # torchvision, and it expects the vision tower's weights under names that
-        # transformers 5 no longer saves. Until that is built and tested, hf only.
-        problems.append("backend: the vllm backend does not take images yet; use backend=hf (or auto)")
     if problems:
-        raise ConfigError(problems, hint="use a vision-language model (LLaVA-style) with engine=local and backend=hf, "
+        raise ConfigError(problems, hint="use a vision-language model (LLaVA) with engine=local, "
                                          "or turn the env's images off (android: env_options.screenshot=false)")
     return processor
 
@@ -350,12 +344,10 @@ def _scheduler(optimizer: Any, config: RunConfig) -> Any:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _make_backend(config: RunConfig, model_path: Path | str, *, images: bool = False) -> Any:
-    """The generation backend; ``auto`` is ``hf`` when the env shows images (the only backend
-    that takes them, see :func:`_check_images`)."""
+def _make_backend(config: RunConfig, model_path: Path | str) -> Any:
     from .rollout import make_backend
 
-    name = "hf" if images and config.backend == "auto" else config.backend
+    name = config.backend
     try:
         return make_backend(name, str(model_path), **config.backend_options)
     except TypeError as exc:
@@ -965,7 +957,7 @@ class _LocalEngine:
         state = None
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.backend = _make_backend(config, model_path, images=getattr(self.task.env, "shows_images", False))
+        self.backend = _make_backend(config, model_path)
         if hasattr(self.backend, "start"):
             await self.backend.start()
         self.generation = _LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer, processor=self.processor))
@@ -1245,7 +1237,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     samples = load_samples(config, task.env, split, size)
     tokenizer = load_tokenizer(path)
     processor = _check_images(config, task.env, path)
-    backend = _make_backend(config, path, images=getattr(task.env, "shows_images", False))
+    backend = _make_backend(config, path)
     if hasattr(backend, "start"):
         await backend.start()
     try:

@@ -50,6 +50,20 @@ A request vLLM refuses (e.g. a prompt that does not fit in ``max_model_len``) ra
 running when :meth:`VLLMBackend.close` is called return ``finish_reason="abort"`` with the
 tokens produced so far.
 
+Images
+------
+A LLaVA model (:data:`~rlfactory_core.models.VISION_MODEL_TYPES`) takes
+``generate(..., images=[...])``. vLLM expands each image placeholder itself, also in a
+prompt given as token ids, so the kept ids (already expanded by the model's processor, see
+:mod:`.render`) are collapsed to one placeholder per image, vLLM's renderer expands them
+again with the images, and the result must equal the kept ids or the request is refused:
+the tokens generated from are the trajectory's, exactly. (Sent expanded, vLLM 0.32 placed
+the second image inside the first one's run and left stray placeholders, without an
+error.) transformers 5 saves a LLaVA vision tower's weights without the ``vision_model.``
+level vLLM's towers have; such a checkpoint is started with dummy weights and then loaded
+through the weight-update path below with the names mapped, as every update is.
+``rollout/_vllm_plugin.py`` lets vLLM import its LLaVA code without torchvision.
+
 Weight updates
 --------------
 ``AsyncLLM.collective_rpc`` sends its call to the engine-core process over ZMQ with
@@ -102,6 +116,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
@@ -131,9 +146,10 @@ class WeightSyncWorkerExtension:
     """Mixed into each vLLM worker class (engine option ``worker_extension_cls``), so that
     the engine can be asked, by method name, to load weights from files."""
 
-    def rlfactory_load_weights(self, paths: list[str]) -> int:
+    def rlfactory_load_weights(self, paths: list[str], renames: Sequence[Sequence[str]] = ()) -> int:
         """Load every tensor of the safetensors files ``paths`` (HF checkpoint names) in
-        place; returns how many tensors were read."""
+        place, names first mapped by ``renames`` (``[old prefix, new prefix]`` pairs, see
+        :func:`_renamed`); returns how many tensors were read."""
         from safetensors import safe_open
 
         loaded = 0
@@ -144,7 +160,7 @@ class WeightSyncWorkerExtension:
                 with safe_open(path, framework="pt", device="cpu") as shard:
                     for name in shard.keys():
                         loaded += 1
-                        yield name, shard.get_tensor(name)
+                        yield _renamed(name, renames), shard.get_tensor(name)
 
         # The worker's reload_weights (not the runner's) also sets vLLM's current config,
         # which some weight loaders read.
@@ -223,6 +239,7 @@ class VLLMBackend:
             "enforce_eager": enforce_eager,
         }
         self._engine_kwargs = engine_kwargs
+        self._vision = _vision_of(self._model_path)
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -243,19 +260,21 @@ class VLLMBackend:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        images: Sequence[Any] = ()) -> Generation:
-        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`). ``images`` are
-        refused: this backend does not take images yet (the ``hf`` backend does)."""
+        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`); ``images``: the
+        images behind the prompt's image tokens, in order (LLaVA models, see above)."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        if images:
-            raise ModelError(f"the vllm backend does not take images yet ({len(images)} given)",
-                             hint="use the hf backend for vision-language models (backend=hf)")
+        if images and self._vision is None:
+            raise ModelError(f"{len(images)} image(s) given, but {self._model_name!r} is not a vision-language model "
+                             f"this backend takes images for (a local {'/'.join(_vision_types())} checkpoint)",
+                             hint="use a LLaVA model, or leave images out")
         engine = await self._started_engine()
+        prompt = await self._image_prompt(engine, prompt_ids, images) if images else _token_prompt(prompt_ids)
         request_id = f"rlf-{uuid.uuid4().hex}"
         final = None
         self._running.add(request_id)
         try:
-            async for output in engine.generate(_token_prompt(prompt_ids), _vllm_sampling(sampling), request_id):
+            async for output in engine.generate(prompt, _vllm_sampling(sampling), request_id):
                 final = output
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the user
             if self._closed:  # the engine went away under the request: shutdown, not its fault
@@ -275,6 +294,8 @@ class VLLMBackend:
         tensors = list(named_tensors)
         if not tensors:
             return
+        if self._vision is not None:
+            tensors = [(_renamed(name, _VISION_TOWER_RENAMES), tensor) for name, tensor in tensors]
         assert self._update_lock is not None
         async with self._update_lock:
             try:
@@ -355,7 +376,47 @@ class VLLMBackend:
             if self._engine is None:
                 await asyncio.to_thread(self._create_engine)
                 self._loop = loop
+                if self._vision is not None and self._vision.checkpoint_files:
+                    await self._load_checkpoint_renamed(self._engine, self._vision.checkpoint_files)
         return self._engine
+
+    async def _load_checkpoint_renamed(self, engine: Any, files: list[str]) -> None:
+        """The real weights of a checkpoint vLLM cannot read by name (started with dummy
+        weights): loaded through the update path with the vision tower's names mapped."""
+        try:
+            await self._load_files(engine, files, _VISION_TOWER_RENAMES)
+        except Exception as exc:  # noqa: BLE001 - one line for the user, details in the log
+            self._engine = None  # a model with dummy weights must not serve
+            await asyncio.to_thread(engine.shutdown, _SHUTDOWN_TIMEOUT_S)
+            raise ModelError(f"vLLM could not load the weights of {self._model_name!r}: {_worker_error(exc)}",
+                             hint=_DEBUG_HINT) from exc
+
+    async def _image_prompt(self, engine: Any, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any:
+        """The engine input for a prompt with images: the kept ids with each image's run of
+        image tokens collapsed to one placeholder, expanded again by vLLM's renderer, and
+        checked to be the kept ids (see the module docstring)."""
+        from .render import as_pil_image
+
+        assert self._vision is not None  # checked in generate
+        ids = [int(token) for token in prompt_ids]
+        image_token = self._vision.image_token_id
+        collapsed = _collapse_image_runs(ids, image_token, len(images))
+        try:
+            pictures = [as_pil_image(image) for image in images]
+        except ValueError as exc:
+            raise ModelError(f"cannot read the request's images: {exc}", hint="pass PIL images or image file bytes") from None
+        try:
+            (rendered,) = await engine.renderer.render_cmpl_async(
+                [{"prompt_token_ids": collapsed, "multi_modal_data": {"image": pictures}}])
+        except Exception as exc:  # noqa: BLE001 - vLLM's processor refusing the images
+            raise ModelError(f"vLLM could not process the request's {len(images)} image(s): {one_line(exc)}",
+                             hint="more images than limit_mm_per_prompt allows? (backend_options)") from exc
+        if list(rendered["prompt_token_ids"]) != ids:
+            raise ModelError("vLLM expanded the images into other tokens than the model's processor did; the "
+                             "trajectory would not be token-exact",
+                             hint="the processor and vLLM disagree on the tokens per image (e.g. LLaVA's "
+                                  "num_additional_image_tokens); fix the processor config")
+        return rendered
 
     def _create_engine(self) -> None:
         """Start the engine into ``self._engine`` (runs in a worker thread).
@@ -415,6 +476,11 @@ class VLLMBackend:
             # turn recomputed ~64 tokens of its tail (4x the tokens generated, measured in
             # bench/rollout.py). 32 is the smallest size the CPU kernels take without a warning.
             args["block_size"] = 32
+        if self._vision is not None:
+            # vLLM's default is one image per prompt; a multi-turn trajectory gathers more.
+            args["limit_mm_per_prompt"] = {"image": MAX_IMAGES_PER_PROMPT}
+            if self._vision.checkpoint_files:
+                args["load_format"] = "dummy"  # the real weights follow, renamed (_started_engine)
         if opts["max_num_seqs"] is not None:
             args["max_num_seqs"] = opts["max_num_seqs"]
         if opts["gpu_memory_utilization"] is not None:
@@ -431,16 +497,21 @@ class VLLMBackend:
         try:
             # Written before pausing: requests keep running on the old weights meanwhile.
             paths = await asyncio.to_thread(_write_shards, tensors, staging)
-            await engine.pause_generation(mode="wait", clear_cache=True)
-            try:
-                await engine.collective_rpc("rlfactory_load_weights", args=([str(p) for p in paths],))
-                if not await engine.reset_prefix_cache():
-                    raise ModelError("vLLM could not reset its prefix cache after the weight update",
-                                     hint="KV blocks of the old weights could be reused; " + _DEBUG_HINT)
-            finally:
-                await engine.resume_generation()
+            await self._load_files(engine, [str(p) for p in paths])
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    async def _load_files(self, engine: Any, paths: list[str], renames: Sequence[Sequence[str]] = ()) -> None:
+        # clear_cache also clears the encoder cache of images: reloading weights without
+        # it left the scheduler believing an image's features were still cached.
+        await engine.pause_generation(mode="wait", clear_cache=True)
+        try:
+            await engine.collective_rpc("rlfactory_load_weights", args=(paths, [list(r) for r in renames]))
+            if not await engine.reset_prefix_cache():
+                raise ModelError("vLLM could not reset its prefix cache after the weight update",
+                                 hint="KV blocks of the old weights could be reused; " + _DEBUG_HINT)
+        finally:
+            await engine.resume_generation()
 
     def _request_error(self, exc: Exception, prompt_len: int) -> RLFactoryError:
         if type(exc).__name__ == "EngineDeadError":
@@ -525,6 +596,89 @@ def _worker_error(exc: Exception) -> str:
 
 
 # --------------------------------------------------------------------------- engine options
+
+
+#: Images one prompt may hold (vLLM's ``limit_mm_per_prompt``) unless backend options say.
+MAX_IMAGES_PER_PROMPT = 16
+#: transformers 5 names a LLaVA vision tower's weights without the ``vision_model.`` level
+#: of vLLM's towers: as saved (``vision_tower.embeddings.*``) and in memory
+#: (``model.vision_tower.embeddings.*``).
+_VISION_TOWER_RENAMES = (("vision_tower.", "vision_tower.vision_model."),
+                         ("model.vision_tower.", "model.vision_tower.vision_model."))
+
+
+def _renamed(name: str, renames: Sequence[Sequence[str]]) -> str:
+    """``name`` with the first matching ``(old prefix, new prefix)`` applied, unless it
+    already has the new prefix."""
+    for old, new in renames:
+        if name.startswith(old) and not name.startswith(new):
+            return new + name[len(old):]
+    return name
+
+
+@dataclass(frozen=True)
+class _Vision:
+    """What the backend needs of a LLaVA model: its image token, and the checkpoint files
+    to load renamed after a dummy start (empty when vLLM reads the names as they are)."""
+
+    image_token_id: int
+    checkpoint_files: list[str]
+
+
+def _vision_types() -> tuple[str, ...]:
+    from ..models import VISION_MODEL_TYPES
+
+    return VISION_MODEL_TYPES
+
+
+def _vision_of(model_path: str | Path) -> _Vision | None:
+    """The vision facts of a local LLaVA checkpoint; None for other models."""
+    from ..models import VISION_MODEL_TYPES
+
+    if not isinstance(model_path, Path):
+        return None
+    try:
+        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if config.get("model_type") not in VISION_MODEL_TYPES:
+        return None
+    image_token = config.get("image_token_id", config.get("image_token_index"))
+    if not isinstance(image_token, int):
+        return None
+    from safetensors import safe_open
+
+    files = sorted(str(path) for path in model_path.glob("*.safetensors"))
+    renamed = False
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as shard:
+            renamed = renamed or any(_renamed(name, _VISION_TOWER_RENAMES) != name for name in shard.keys())
+    return _Vision(image_token_id=image_token, checkpoint_files=files if renamed else [])
+
+
+def _collapse_image_runs(ids: list[int], image_token: int, images: int) -> list[int]:
+    """``ids`` with each image's run of ``image_token`` cut to one placeholder: the tokens
+    per image are the count of image tokens over ``images`` (every image the same size)."""
+    count = ids.count(image_token)
+    if count == 0 or count % images:
+        raise ModelError(f"{images} image(s) given, but the prompt has {count} image token(s)",
+                         hint="render the conversation with the model's processor (ChatTemplate(processor=...))")
+    per_image = count // images
+    out: list[int] = []
+    run = 0
+    for token in [*ids, None]:
+        if token == image_token:
+            run += 1
+            continue
+        if run:
+            if run % per_image:
+                raise ModelError(f"a run of {run} image tokens is not a whole number of images of {per_image} tokens",
+                                 hint="render the conversation with the model's processor")
+            out.extend([image_token] * (run // per_image))
+            run = 0
+        if token is not None:
+            out.append(token)
+    return out
 
 
 def _checkpoint_dtype(model_path: str | Path) -> str | None:

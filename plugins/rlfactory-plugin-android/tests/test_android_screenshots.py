@@ -1,7 +1,7 @@
 """``env_options.screenshot``: the screen as an image part of the messages, for
-vision-language models. The env's messages on the simulated phone; ``rlf train`` and
-``rlf eval`` on a tiny random LLaVA built from a config (the embedded model's tokenizer);
-the config error for a text-only model."""
+vision-language models. The env's messages on the simulated phone; ``rlf train`` (vllm
+backend) and ``rlf eval`` (hf backend) on a tiny random LLaVA built from a config (the
+embedded model's tokenizer); the config error for a text-only model."""
 
 from __future__ import annotations
 
@@ -76,12 +76,12 @@ def tiny_vlm(tmp_path_factory):
 @pytest.mark.slow
 def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(tmp_path, tiny_vlm):
     run_dir = tmp_path / "run"
-    common = ["backend=hf", f"model.name={tiny_vlm}", "data.eval_size=2", "logging.live=off",
+    common = [f"model.name={tiny_vlm}", "data.eval_size=2", "logging.live=off",
               "rollout.max_turns=2", "rollout.max_tokens_per_turn=16", "env_options={few_shot: false, screenshot: true}"]
     log = tmp_path / "train.log"
     with open(log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "android",
-                                "--run-dir", str(run_dir), *common, "train.steps=2", "grpo.prompts_per_step=2",
+                                "--run-dir", str(run_dir), *common, "backend=vllm", "train.steps=2", "grpo.prompts_per_step=2",
                                 "grpo.group_size=2", "eval.every=2", "eval.save_samples=2"],
                                stdout=out, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
     assert code == 0, log.read_text()[-3000:]
@@ -101,7 +101,7 @@ def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(
     eval_log = tmp_path / "eval.log"
     with open(eval_log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "eval", "--env", "android", "--model",
-                                str(run_dir), "--size", "2", "--report", str(report_dir), *common],
+                                str(run_dir), "--size", "2", "--report", str(report_dir), *common, "backend=hf"],
                                stdout=out, stderr=subprocess.STDOUT, timeout=600, env=dict(os.environ))
     assert code == 0, eval_log.read_text()[-3000:]
     report = json.loads((report_dir / "report.json").read_text())
