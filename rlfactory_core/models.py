@@ -62,6 +62,8 @@ __all__ = [
     "load_tokenizer",
     "load_processor",
     "VISION_MODEL_TYPES",
+    "VISION_TOWER_TYPES",
+    "vision_problem",
     "load_model",
     "list_models",
 ]
@@ -550,20 +552,40 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
 #: gives every image one shape, image tokens at ordinary 1D positions. Others (Qwen2-VL's 3D
 #: positions, LLaVA-NeXT's per-image patch counts) are refused, not run approximately.
 VISION_MODEL_TYPES = ("llava",)
+#: The vision towers tested under them (LLaVA is also the wrapper of e.g. Pixtral, whose
+#: images vary in size and whose weights are named otherwise).
+VISION_TOWER_TYPES = ("clip_vision_model",)
+
+
+def _config(resolved: str | Path) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(resolved), **_hub_kwargs(resolved))
+
+
+def vision_problem(config: Any) -> str | None:
+    """Why images cannot be given to a model with this transformers ``config``, in a
+    phrase; None when they can (:data:`VISION_MODEL_TYPES` with a
+    :data:`VISION_TOWER_TYPES` tower)."""
+    model_type = getattr(config, "model_type", None)
+    vision = getattr(config, "vision_config", None)
+    if vision is None:
+        return f"{model_type!r} is a text-only model"
+    if model_type not in VISION_MODEL_TYPES or getattr(vision, "model_type", None) not in VISION_TOWER_TYPES:
+        return (f"images for {model_type!r} models with a {getattr(vision, 'model_type', '?')!r} vision tower are "
+                f"not supported yet (supported: {', '.join(VISION_MODEL_TYPES)} with "
+                f"{', '.join(VISION_TOWER_TYPES)})")
+    return None
 
 
 def _vision_language(resolved: str | Path) -> bool:
-    """Whether the model is a vision-language model that transformers loads as
-    ``AutoModelForImageTextToText`` (LLaVA ...): a ``vision_config`` and that mapping."""
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
+    """Whether the model is one of :data:`VISION_MODEL_TYPES`, which transformers loads as
+    ``AutoModelForImageTextToText`` (other multimodal models load as causal LMs, as before)."""
     try:
-        config = AutoConfig.from_pretrained(str(resolved), **_hub_kwargs(resolved))
+        config = _config(resolved)
     except Exception:  # noqa: BLE001 - the model loader reports an unreadable config
         return False
-    return getattr(config, "vision_config", None) is not None and \
-        config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return getattr(config, "vision_config", None) is not None and config.model_type in VISION_MODEL_TYPES
 
 
 def load_processor(name_or_path: str | os.PathLike[str]) -> Any:

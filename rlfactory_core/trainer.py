@@ -294,36 +294,26 @@ def _load_policy(config: RunConfig, model_path: str | Path, device: Any, adapter
     return model
 
 
-def _check_images(config: RunConfig, env: Any, model_path: str | Path) -> Any:
-    """The model's processor when it is a vision-language model, else None; a config error
-    when the env shows the model images (its ``shows_images`` attribute) and this model or
-    engine cannot take them."""
-    from .models import VISION_MODEL_TYPES, load_processor
+def _check_images(config: RunConfig, env: Any, model_path: str | Path, *, training: bool = True) -> Any:
+    """The model's processor when it is a supported vision-language model, else None; a
+    config error when the env shows the model images (its ``shows_images`` attribute) and
+    this model, or the engine (``training``: ``rlf eval`` always runs locally), cannot take
+    them."""
+    from .models import _config, load_processor, vision_problem
 
     processor = load_processor(model_path)
     if not getattr(env, "shows_images", False):
         return processor
     problems = []
-    if processor is None:
-        problems.append(f"model.name: the {config.env} env shows the model images, but {config.model.name!r} is a "
-                        "text-only model (no image processor)")
-    else:
-        model_type = _model_type(model_path)
-        if model_type not in VISION_MODEL_TYPES:
-            problems.append(f"model.name: {model_type!r} vision-language models are not supported for images yet "
-                            f"(supported: {', '.join(VISION_MODEL_TYPES)})")
-    if config.engine == "ray":
+    problem = vision_problem(_config(model_path))
+    if problem is not None:
+        problems.append(f"model.name: the {config.env} env shows the model images, but {problem}")
+    if training and config.engine == "ray":
         problems.append("engine: the ray engine's workers do not pass images to the model; use engine=local")
     if problems:
-        raise ConfigError(problems, hint="use a vision-language model (LLaVA) with engine=local, "
-                                         "or turn the env's images off (android: env_options.screenshot=false)")
+        raise ConfigError(problems, hint="use a LLaVA model (CLIP vision tower) with engine=local, or turn the "
+                                         "env's images off (android: env_options.screenshot=false)")
     return processor
-
-
-def _model_type(model_path: str | Path) -> str:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(model_path)).model_type
 
 
 def _scheduler(optimizer: Any, config: RunConfig) -> Any:
@@ -477,9 +467,18 @@ def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> N
 
     from .rollout.render import image_inputs
 
-    per_row = [image_inputs(processor, t.images) if t.images else None for t in trajectories]
+    # A trajectory's images are those of its messages, which it gets only with its prompt's
+    # ids; a row without image tokens (defensively) gets none.
+    from .rollout.render import trajectory_ids
+
+    image_token = getattr(processor, "image_token_id", None)
+    rows = [t.images if t.images and (image_token is None or image_token in trajectory_ids(t)) else []
+            for t in trajectories]
+    if not any(rows):
+        return
+    per_row = [image_inputs(processor, images) if images else None for images in rows]
     template = next(p for p in per_row if p is not None)
-    most = max(len(t.images) for t in trajectories)
+    most = max(len(images) for images in rows)
     padded = {}
     for key, value in template.items():
         out = torch.zeros((len(trajectories), most, *value.shape[1:]), dtype=value.dtype)
@@ -493,7 +492,7 @@ def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> N
                 out[row, :len(inputs[key])] = inputs[key]
         padded[key] = out
     td["image_inputs"] = TensorDict(padded, batch_size=[len(trajectories)])
-    td["image_counts"] = torch.tensor([len(t.images) for t in trajectories], dtype=torch.int64)
+    td["image_counts"] = torch.tensor([len(images) for images in rows], dtype=torch.int64)
 
 
 def _rows_of(batch: Any, rows: Sequence[int]) -> Any:
@@ -1236,7 +1235,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
     # data.eval_size subset that periodic evaluation during training uses.
     samples = load_samples(config, task.env, split, size)
     tokenizer = load_tokenizer(path)
-    processor = _check_images(config, task.env, path)
+    processor = _check_images(config, task.env, path, training=False)
     backend = _make_backend(config, path)
     if hasattr(backend, "start"):
         await backend.start()

@@ -262,13 +262,14 @@ def test_an_env_that_shows_images_needs_a_vision_model_and_the_local_engine(defa
     from rlfactory_core.config import load_config
 
     config = load_config([], ["env=arithmetic"])
-    with pytest.raises(ConfigError, match="text-only model"):
+    with pytest.raises(ConfigError, match="the arithmetic env shows the model images, but 'llama' is a text-only model"):
         T._check_images(config, _ScreenEnv(), default_model_dir)
     assert T._check_images(config, _ScreenEnv(), tiny_vlm_dir) is not None
     assert T._check_images(config, object(), default_model_dir) is None
     ray = load_config([], ["env=arithmetic", "engine=ray"])
     with pytest.raises(ConfigError, match="ray engine"):
         T._check_images(ray, _ScreenEnv(), tiny_vlm_dir)
+    assert T._check_images(ray, _ScreenEnv(), tiny_vlm_dir, training=False) is not None  # rlf eval runs locally
 
 
 def test_image_runs_collapse_to_one_placeholder_per_image():
@@ -295,18 +296,20 @@ async def test_vllm_refuses_images_for_a_text_model_before_starting(default_mode
 
 
 async def test_vision_architectures_not_tested_end_to_end_are_refused(vlm, tiny_vlm_dir, monkeypatch):
-    """Only architectures in VISION_MODEL_TYPES take images: another one (here LLaVA itself,
-    struck off the list) is refused by the config check and the backend, not run approximately."""
+    """Only architectures in VISION_MODEL_TYPES (with a tower in VISION_TOWER_TYPES) take
+    images: another one (here LLaVA itself, struck off the list) is refused by the config
+    check and the backend, not run approximately; a text-only model by the config check."""
     from rlfactory_core import models
     from rlfactory_core.config import load_config
 
     chat, model, processor = vlm
     monkeypatch.setattr(models, "VISION_MODEL_TYPES", ("qwen2_vl",))
-    with pytest.raises(ConfigError, match="'llava' vision-language models are not supported for images yet"):
+    with pytest.raises(ConfigError, match="images for 'llava' models with a 'clip_vision_model' vision tower are "
+                                          "not supported yet"):
         T._check_images(load_config([], ["env=arithmetic"]), _ScreenEnv(), tiny_vlm_dir)
     backend = HFBackend(model, max_batch_size=2, processor=processor)
     try:
-        with pytest.raises(ModelError, match="images for 'llava' models are not supported yet"):
+        with pytest.raises(ModelError, match="images for 'llava' models with a 'clip_vision_model' vision tower"):
             await backend.generate(chat.prompt_ids([Message("user", "hi", images=[picture((1, 1, 1))])]),
                                    SamplingParams(max_tokens=2), images=[picture((1, 1, 1))])
     finally:

@@ -7,8 +7,9 @@ transformers' torchvision-based Pixtral image processor for one helper,
 that breaks ``import vllm`` there, so ``make install`` removes it), and LLaVA could not be
 loaded at all. Where torchvision is missing, that module's name is served by transformers'
 PIL implementation of the same processor, which defines the same helper. With torchvision
-installed nothing changes. Only the standard library is imported here: this runs in every
-vLLM process of every user of the environment.
+installed nothing changes. Registering imports nothing but the standard library (finding
+the PIL module imports its parent packages, ``transformers``, which vLLM imports anyway):
+this runs in every vLLM process of every user of the environment.
 """
 
 from __future__ import annotations

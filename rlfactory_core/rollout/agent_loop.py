@@ -10,7 +10,7 @@ One trajectory::
     env.reset(sample)                -> opening messages, tools, private state
     prompt ids = chat template(system prompt with the parser's tools section + messages)
     repeat:
-        backend.generate(all ids so far, the same sampling every turn)   -> model segment
+        backend.generate(all ids so far, the same sampling, their images) -> model segment
         parser.parse(text of the new ids)                                -> tool calls, errors
         tool manager runs the calls (concurrently, limits, timeouts)    -> results
         env.step(state, parsed turn, results)                            -> feedback, done, reward
@@ -166,11 +166,12 @@ async def run_trajectory(
             messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
         except Exception as exc:  # noqa: BLE001 - e.g. this episode's tools are ones the parser cannot show
             return _end(trajectory, "env_error", f"the parser could not present the tools: {one_line(exc)}")
-        trajectory.messages = list(messages)
         try:
             trajectory.prompt_ids = chat.prompt_ids(messages)
         except Exception as exc:  # noqa: BLE001 - e.g. images for a text-only model, an unreadable image
             return _end(trajectory, "env_error", f"rendering the prompt failed: {one_line(exc)}")
+        # Only now: the messages (and their images) are those the ids hold.
+        trajectory.messages = list(messages)
         context = list(trajectory.prompt_ids)
         # The images behind the context's image tokens, in order (see rollout.render).
         images = trajectory.images

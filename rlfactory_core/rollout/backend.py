@@ -102,7 +102,11 @@ class Backend(Protocol):
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> Generation:
         """New tokens for ``prompt_ids``. Safe to call from many tasks at once: concurrent
         requests are batched. Raises only for a request that can never succeed (e.g. a
-        prompt longer than the model's context)."""
+        prompt longer than the model's context).
+
+        A backend for vision-language models also takes ``images=[...]``: the images behind
+        the prompt's image tokens, in order (both built-in backends do). The agent loop
+        passes it only when the context has images, so text-only backends need not."""
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights (``(name, tensor)`` pairs named as in the HF checkpoint) without

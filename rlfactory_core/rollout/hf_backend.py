@@ -58,8 +58,10 @@ A request that can never succeed (empty prompt, an id outside the vocabulary, pr
 ``max_tokens`` longer than the context) raises :class:`~rlfactory_core.errors.ModelError`
 in its own ``generate`` call before reaching the worker, so no other request sees it. An
 exception inside the worker fails exactly the requests of the failed model call (the new
-rows of a prefill, or the whole running batch for a decode step) with that exception; the
-worker then carries on with the next requests. A request whose awaiting task is cancelled
+rows of a prefill, or the whole running batch for a decode step) with that exception; a
+prefill of several requests that fails is first retried one request at a time, so a bad
+request (images that do not match its image tokens) fails alone. The worker then carries
+on with the next requests. A request whose awaiting task is cancelled
 is dropped at the next step.
 
 :meth:`HFBackend.update_weights` checks names and shapes at once (a bad update raises and
@@ -87,7 +89,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from ..errors import ModelError, RLFactoryError
+from ..errors import ModelError, RLFactoryError, one_line
 from .backend import GREEDY_TEMPERATURE, Generation, SamplingParams
 
 __all__ = ["HFBackend"]
@@ -195,6 +197,10 @@ def _cache_from(layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicC
     # ``ddp_cache_data`` is DynamicCache's constructor from per-layer (keys, values); without
     # a config every layer is a plain full-attention DynamicLayer (see the module docstring).
     return DynamicCache(ddp_cache_data=list(layers))
+
+
+class _PrefillForwardError(Exception):
+    """A prefill's model call failed (the cause is chained); nothing was sampled."""
 
 
 def _concat_image_inputs(parts: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor] | None:
@@ -321,6 +327,7 @@ class HFBackend:
             self._model = load_model(model, dtype=dtype, device=device)
         self._model.eval()
         self._processor = processor  # loaded from the model's directory on first use with images
+        self._processor_lock = threading.Lock()
         self._device = next(self._model.parameters()).device
         text_config = self._model.config.get_text_config()
         self._vocab_size = self._model.get_input_embeddings().num_embeddings
@@ -445,33 +452,28 @@ class HFBackend:
         """The model's inputs for the request's images, checked against its image tokens."""
         from .render import image_inputs
 
-        image_token = getattr(self._model.config, "image_token_id", None)
-        if image_token is None:
-            image_token = getattr(self._model.config, "image_token_index", None)
-        if image_token is None:
-            raise ModelError(f"{len(images)} image(s) given, but {self._model.config.model_type!r} is a text-only model",
-                             hint="use a vision-language model (e.g. LLaVA) or leave images out")
-        from ..models import VISION_MODEL_TYPES
+        from ..models import load_processor, vision_problem
 
-        if self._model.config.model_type not in VISION_MODEL_TYPES:
-            raise ModelError(f"images for {self._model.config.model_type!r} models are not supported yet "
-                             f"(supported: {', '.join(VISION_MODEL_TYPES)})",
-                             hint="use a LLaVA-architecture model, or leave images out")
+        problem = vision_problem(self._model.config)
+        if problem is not None:
+            raise ModelError(f"{len(images)} image(s) given, but {problem}",
+                             hint="use a LLaVA model (CLIP vision tower), or leave images out")
+        image_token = self._model.config.image_token_id
         if image_token not in prompt:
             raise ModelError(f"{len(images)} image(s) given, but the prompt has no image tokens",
                              hint="render the conversation with the model's processor (ChatTemplate(processor=...))")
-        if self._processor is None:
-            from ..models import load_processor
-
-            self._processor = load_processor(self._model.name_or_path)
+        with self._processor_lock:  # requests arrive from many threads; load it once
             if self._processor is None:
-                raise ModelError(f"no image processor found for {self._model.name_or_path!r}",
-                                 hint="save the model's processor with it (processor.save_pretrained), or pass "
-                                      "processor= to the backend")
+                self._processor = load_processor(self._model.name_or_path)
+                if self._processor is None:
+                    raise ModelError(f"no image processor found for {self._model.name_or_path!r}",
+                                     hint="save the model's processor with it (processor.save_pretrained), or pass "
+                                          "processor= to the backend")
         try:
             inputs = image_inputs(self._processor, images)
         except ValueError as exc:
-            raise ModelError(f"cannot read the request's images: {exc}", hint="pass PIL images or image file bytes") from None
+            raise ModelError(f"cannot read the request's images: {one_line(exc)}",
+                             hint="pass PIL images or image file bytes") from None
         return {key: value.to(self._device, dtype=self._model.dtype if value.is_floating_point() else value.dtype)
                 for key, value in inputs.items()}
 
@@ -570,20 +572,33 @@ class HFBackend:
                 _answer(update.loop, update.future)
 
     @torch.inference_mode()
+    def _admit(self, admitted: list[_Request]) -> None:
+        """Prefill ``admitted`` and join them to the running batch. When a prefill of several
+        requests fails, each is prefilled alone, so that one bad request (e.g. images that do
+        not match its image tokens) fails by itself."""
+        try:
+            joining = self._prefill(admitted)
+            if joining is not None and self._batch is not None:
+                merged = self._merge(self._batch, joining)
+                self._stats["joined_running"] += len(joining)
+                self._batch = merged
+            elif joining is not None:
+                self._batch = joining
+        except _PrefillForwardError as failed:  # nothing was sampled: the requests can be retried
+            log.debug("prefill failed", exc_info=True)
+            if len(admitted) > 1:
+                for request in admitted:
+                    self._admit([request])
+                return
+            _answer(admitted[0].loop, admitted[0].future, error=failed.__cause__)
+        except Exception as exc:  # noqa: BLE001 - fail the new requests; the running batch is intact
+            log.debug("prefill failed", exc_info=True)
+            for request in admitted:
+                _answer(request.loop, request.future, error=exc)
+
     def _step(self, admitted: list[_Request]) -> None:
         if admitted:
-            try:
-                joining = self._prefill(admitted)
-                if joining is not None and self._batch is not None:
-                    merged = self._merge(self._batch, joining)
-                    self._stats["joined_running"] += len(joining)
-                    self._batch = merged
-                elif joining is not None:
-                    self._batch = joining
-            except Exception as exc:  # noqa: BLE001 - fail the new requests; the running batch is intact
-                log.debug("prefill failed", exc_info=True)
-                for request in admitted:
-                    _answer(request.loop, request.future, error=exc)
+            self._admit(admitted)
         if self._batch is None:
             return
         self._stats["max_rows"] = max(self._stats["max_rows"], len(self._batch))
@@ -613,8 +628,11 @@ class HFBackend:
         mask = _padding_mask(seen, width)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = self._forward_last_logits(input_ids, mask.long(), positions, cache,
-                                           _concat_image_inputs([r.image_inputs for r in requests]))
+        try:
+            logits = self._forward_last_logits(input_ids, mask.long(), positions, cache,
+                                               _concat_image_inputs([r.image_inputs for r in requests]))
+        except Exception as exc:  # noqa: BLE001 - see _admit
+            raise _PrefillForwardError() from exc
         batch = _Batch(rows=list(requests), cache=cache, seen=seen, width=width)
         return self._record(batch, logits)
 

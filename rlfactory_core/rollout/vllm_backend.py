@@ -109,6 +109,7 @@ processed with stale or uninitialised parts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -266,8 +267,8 @@ class VLLMBackend:
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         if images and self._vision is None:
             raise ModelError(f"{len(images)} image(s) given, but {self._model_name!r} is not a vision-language model "
-                             f"this backend takes images for (a local {'/'.join(_vision_types())} checkpoint)",
-                             hint="use a LLaVA model, or leave images out")
+                             "this backend takes images for (rlfactory_core.models.vision_problem says why)",
+                             hint="use a LLaVA model with a CLIP vision tower, or leave images out")
         engine = await self._started_engine()
         prompt = await self._image_prompt(engine, prompt_ids, images) if images else _token_prompt(prompt_ids)
         request_id = f"rlf-{uuid.uuid4().hex}"
@@ -362,7 +363,7 @@ class VLLMBackend:
         if self._closed:
             raise RLFactoryError("the vllm backend is closed", hint="create a new backend to generate again")
         loop = asyncio.get_running_loop()
-        if self._engine is not None:
+        if self._loop is not None:  # set once the engine is ready (weights loaded)
             if loop is not self._loop:
                 raise ModelError("the vllm backend was started in another event loop",
                                  hint="use one backend per event loop (asyncio.run creates a new loop each time)")
@@ -375,9 +376,13 @@ class VLLMBackend:
                 raise RLFactoryError("the vllm backend is closed", hint="create a new backend to generate again")
             if self._engine is None:
                 await asyncio.to_thread(self._create_engine)
-                self._loop = loop
                 if self._vision is not None and self._vision.checkpoint_files:
+                    # Requests wait on the lock meanwhile: none may run on the dummy weights.
                     await self._load_checkpoint_renamed(self._engine, self._vision.checkpoint_files)
+                self._loop = loop
+            elif self._loop is not loop:
+                raise ModelError("the vllm backend was started in another event loop",
+                                 hint="use one backend per event loop (asyncio.run creates a new loop each time)")
         return self._engine
 
     async def _load_checkpoint_renamed(self, engine: Any, files: list[str]) -> None:
@@ -387,7 +392,11 @@ class VLLMBackend:
             await self._load_files(engine, files, _VISION_TOWER_RENAMES)
         except Exception as exc:  # noqa: BLE001 - one line for the user, details in the log
             self._engine = None  # a model with dummy weights must not serve
-            await asyncio.to_thread(engine.shutdown, _SHUTDOWN_TIMEOUT_S)
+            handler = getattr(engine, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+            with contextlib.suppress(Exception):  # the load's error is the one to report
+                await asyncio.to_thread(engine.shutdown, _SHUTDOWN_TIMEOUT_S)
             raise ModelError(f"vLLM could not load the weights of {self._model_name!r}: {_worker_error(exc)}",
                              hint=_DEBUG_HINT) from exc
 
@@ -625,35 +634,28 @@ class _Vision:
     checkpoint_files: list[str]
 
 
-def _vision_types() -> tuple[str, ...]:
-    from ..models import VISION_MODEL_TYPES
-
-    return VISION_MODEL_TYPES
-
-
 def _vision_of(model_path: str | Path) -> _Vision | None:
-    """The vision facts of a local LLaVA checkpoint; None for other models."""
-    from ..models import VISION_MODEL_TYPES
+    """The vision facts of a LLaVA checkpoint (a local directory or a hub id); None for a
+    model this backend gives no images to (:func:`~rlfactory_core.models.vision_problem`)."""
+    from ..models import _config, vision_problem
 
-    if not isinstance(model_path, Path):
-        return None
     try:
-        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = _config(model_path)
+    except Exception:  # noqa: BLE001 - vLLM reports an unreadable config when it starts
         return None
-    if config.get("model_type") not in VISION_MODEL_TYPES:
+    if vision_problem(config) is not None:
         return None
-    image_token = config.get("image_token_id", config.get("image_token_index"))
-    if not isinstance(image_token, int):
-        return None
-    from safetensors import safe_open
+    files: list[str] = []
+    if isinstance(model_path, Path):  # a hub LLaVA has vLLM's names (vision_tower.vision_model.*)
+        from safetensors import safe_open
 
-    files = sorted(str(path) for path in model_path.glob("*.safetensors"))
-    renamed = False
-    for path in files:
-        with safe_open(path, framework="pt", device="cpu") as shard:
-            renamed = renamed or any(_renamed(name, _VISION_TOWER_RENAMES) != name for name in shard.keys())
-    return _Vision(image_token_id=image_token, checkpoint_files=files if renamed else [])
+        files = sorted(str(path) for path in model_path.glob("*.safetensors"))
+        renamed = False
+        for path in files:
+            with safe_open(path, framework="pt", device="cpu") as shard:
+                renamed = renamed or any(_renamed(name, _VISION_TOWER_RENAMES) != name for name in shard.keys())
+        files = files if renamed else []
+    return _Vision(image_token_id=int(config.image_token_id), checkpoint_files=files)
 
 
 def _collapse_image_runs(ids: list[int], image_token: int, images: int) -> list[int]:

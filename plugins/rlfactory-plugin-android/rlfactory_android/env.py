@@ -558,33 +558,35 @@ class AndroidEnv:
         messages = [Message(role="system", content=INSTRUCTION)]
         if self.few_shot:
             messages += self._example_messages()
-        images = []
+        goal = f"Task: {task.goal}\n\n{render_screen(screen)}"
         if self.shows_images:
             try:
-                images = [await run_in_tool_thread(device.screenshot)]
+                shown = await self._screenshot_message(device, goal)
             except BaseException:
                 await pool.release(device)
                 raise
-        messages.append(Message(role="user", content=f"Task: {task.goal}\n\n{render_screen(screen)}", images=images))
+            messages.append(shown)
+        else:
+            messages.append(Message(role="user", content=goal))
         state = {"task": task, "device": device, "screen": screen, "lock": asyncio.Lock(), "actions": 0,
                  "success": None, "check": None, "check_error": None, "released": False}
         return EnvReset(messages=messages, tools=list(self.tools), state=state)
 
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
         if turn.tool_calls and self.shows_images:
-            return EnvStep(observation=[await self._screenshot_message(state)])
+            async with state["lock"]:  # after the turn's actions
+                return EnvStep(observation=[await self._screenshot_message(state["device"], "Screenshot:")])
         if turn.tool_calls or turn.errors:
             return EnvStep()  # the rollout shows the results (or the parse errors)
         return EnvStep(done=True, final_answer=turn.content.strip())
 
-    async def _screenshot_message(self, state: dict[str, Any]) -> Message:
-        """The screen after the turn's actions, as an image; a failed screenshot is said in words."""
-        async with state["lock"]:
-            try:
-                png = await run_in_tool_thread(state["device"].screenshot)
-            except DeviceError as exc:
-                return Message(role="user", content=f"(No screenshot: {exc})")
-        return Message(role="user", content="Screenshot:", images=[png])
+    async def _screenshot_message(self, device: Device, text: str) -> Message:
+        """``text`` with a screenshot of the screen; a failed screenshot is said in words."""
+        try:
+            png = await run_in_tool_thread(lambda: square_screenshot(device.screenshot()))
+        except DeviceError as exc:
+            return Message(role="user", content=f"{text}\n(No screenshot: {exc})".lstrip())
+        return Message(role="user", content=text, images=[png])
 
     async def close(self, state: Any) -> None:
         """Read the success check from the device, then give the device back."""
@@ -603,6 +605,28 @@ class AndroidEnv:
 
     def __repr__(self) -> str:
         return f"AndroidEnv(backend={self.backend!r}, splits={sorted(self.split_files)})"
+
+
+def square_screenshot(png: bytes) -> bytes:
+    """The screenshot centred on a black square (a PNG). LLaVA-style image processors
+    resize the short side and crop the middle square: a portrait phone screen (9:20) would
+    lose its top and bottom thirds, status and title bars and bottom rows included.
+    Raises :class:`DeviceError` for bytes that are not an image."""
+    import io
+
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(png)) as opened:
+            screen = opened.convert("RGB")
+    except Exception as exc:  # noqa: BLE001 - PIL raises several kinds
+        raise DeviceError(f"the screenshot is not a readable image ({exc})") from None
+    side = max(screen.size)
+    square = Image.new("RGB", (side, side), "black")
+    square.paste(screen, ((side - screen.width) // 2, (side - screen.height) // 2))
+    out = io.BytesIO()
+    square.save(out, format="PNG")
+    return out.getvalue()
 
 
 def _task_row(task: Task) -> dict[str, Any]:

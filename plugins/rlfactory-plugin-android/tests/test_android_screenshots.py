@@ -44,9 +44,39 @@ async def test_the_task_and_every_turn_with_actions_come_with_a_screenshot():
         raise DeviceError("screencap failed")
     reset.state["device"].screenshot = broken
     step = await env.step(reset.state, ParsedTurn(text="", tool_calls=[call]), results)
-    assert step.observation[0].content == "(No screenshot: screencap failed)" and not step.observation[0].images
+    assert step.observation[0].content == "Screenshot:\n(No screenshot: screencap failed)"
+    assert not step.observation[0].images
     await env.close(reset.state)
     await manager.close()
+
+
+async def test_screenshots_are_squares_and_a_failed_first_one_is_said_in_words(monkeypatch):
+    """LLaVA's processor crops the middle square: the portrait screen is padded to a square
+    so that none of it is cut off. A failing screenshot at the start does not end the episode."""
+    import io
+
+    from PIL import Image
+
+    from rlfactory_android.simulated import SimulatedPhone
+
+    env = AndroidEnv(few_shot=False, screenshot=True)
+    reset = await env.reset(TASK)
+    with Image.open(io.BytesIO(reset.messages[-1].images[0])) as picture:
+        width, height = picture.size
+        assert width == height
+        phone_width, phone_height = SimulatedPhone(serial="x").screen_size
+        assert height == max(phone_width, phone_height) // 3  # the whole screen, drawn at 1/3
+        assert picture.getpixel((0, 0)) == (0, 0, 0) and picture.getpixel((width // 2, 5)) != (0, 0, 0)
+    await env.close(reset.state)
+
+    def broken(self):
+        raise DeviceError("screencap failed")
+    monkeypatch.setattr(SimulatedPhone, "screenshot", broken)
+    reset = await env.reset(TASK)
+    opening = reset.messages[-1]
+    assert opening.content.startswith("Task: Turn off Wi-Fi.") and opening.content.endswith(
+        "(No screenshot: screencap failed)") and not opening.images
+    await env.close(reset.state)
 
 
 def test_screenshot_must_be_a_boolean():
