@@ -314,3 +314,49 @@ async def test_vision_architectures_not_tested_end_to_end_are_refused(vlm, tiny_
                                    SamplingParams(max_tokens=2), images=[picture((1, 1, 1))])
     finally:
         await backend.close()
+
+
+async def test_a_request_whose_images_do_not_fit_its_tokens_fails_alone(vlm):
+    """Its prefill batch-mates are retried one by one and succeed."""
+    chat, model, processor = vlm
+    one_image = chat.prompt_ids([Message("user", "Look.", images=[picture((9, 9, 9))])])
+    backend = HFBackend(model, max_batch_size=4, processor=processor)
+    sampling = SamplingParams(temperature=0, max_tokens=3)
+    try:
+        good, text, bad = await asyncio.gather(
+            backend.generate(one_image, sampling, images=[picture((9, 9, 9))]),
+            backend.generate(chat.prompt_ids([Message("user", "hi")]), sampling),
+            backend.generate(one_image, sampling, images=[picture((1, 1, 1)), picture((2, 2, 2))]),
+            return_exceptions=True)
+    finally:
+        await backend.close()
+    assert isinstance(bad, Exception) and "do not match" in str(bad)
+    assert good.token_ids == _greedy_reference(model, one_image, chat.image_inputs([picture((9, 9, 9))])["pixel_values"], 3)
+    assert len(text.token_ids) == 3
+
+
+class _UnreadableScreenEnv(_ScreenEnv):
+    async def reset(self, sample):
+        return EnvReset(messages=[Message("user", "What color?", images=[b"not a png"])], state={"turn": 0})
+
+
+async def test_a_prompt_that_cannot_be_rendered_ends_its_trajectory_and_trains_on(vlm):
+    """Unreadable image bytes end that trajectory as env_error with no images; a batch
+    with it and a good trajectory still builds and scores."""
+    chat, model, processor = vlm
+    backend = HFBackend(model, max_batch_size=4, processor=processor)
+    config = RolloutConfig(max_turns=3, max_tokens_per_turn=4, max_trajectory_tokens=512, sampling={"seed": 1})
+    try:
+        bad = await run_trajectory({"id": "bad"}, env=_UnreadableScreenEnv(), parser=_PlainParser(),
+                                   tool_manager=_NoTools(), backend=backend, chat=chat, config=config)
+        good = await run_trajectory({"id": "good"}, env=_ScreenEnv(), parser=_PlainParser(), tool_manager=_NoTools(),
+                                    backend=backend, chat=chat, config=config)
+    finally:
+        await backend.close()
+    assert bad.stop_reason == "env_error" and "not a readable image file" in bad.metadata["error"]
+    assert bad.images == [] and bad.prompt_ids == []
+    from rlfactory_core.config import load_config
+
+    batch = T._build_batch([bad, good], [0.0, 1.0], load_config([], ["grpo.group_size=2"]), pad_id=0,
+                           processor=processor)
+    assert batch["image_counts"].tolist() == [0, 3]
