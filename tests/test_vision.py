@@ -360,3 +360,13 @@ async def test_a_prompt_that_cannot_be_rendered_ends_its_trajectory_and_trains_o
     batch = T._build_batch([bad, good], [0.0, 1.0], load_config([], ["grpo.group_size=2"]), pad_id=0,
                            processor=processor)
     assert batch["image_counts"].tolist() == [0, 3]
+
+
+def test_a_template_kept_on_the_processor_only_is_used(tiny_vlm_dir):
+    from rlfactory_core.models import load_processor, load_tokenizer
+
+    tokenizer, processor = load_tokenizer(tiny_vlm_dir), load_processor(tiny_vlm_dir)
+    tokenizer.chat_template = None
+    chat = ChatTemplate(tokenizer, processor=processor)
+    assert chat.prompt_ids([Message("user", "Look.", images=[picture((3, 3, 3))])]).count(
+        processor.image_token_id) == IMAGE_TOKENS

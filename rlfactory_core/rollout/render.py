@@ -91,6 +91,9 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int] = (), *, processor: Any = None,
                  **template_kwargs: Any):
+        if not getattr(tokenizer, "chat_template", None) and getattr(processor, "chat_template", None):
+            # Vision-language checkpoints often keep the template on the processor only.
+            tokenizer.chat_template = processor.chat_template
         if not getattr(tokenizer, "chat_template", None):
             raise ModelError(
                 f"the tokenizer of {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template",
