@@ -375,3 +375,18 @@ async def test_default_model_knows_the_capital_of_france(default_model_dir):
     assert "Paris" in tokenizer.decode(result.token_ids)
     assert result.finish_reason == "stop"
     assert result.token_ids[-1] in backend.eos_token_ids
+
+
+async def test_prefill_and_decode_build_no_autograd_graph(model):
+    """Every model call of the worker runs in inference mode: with autograd on, the decode
+    steps kept each step's activations (a 2-request, 48-token generation of the default
+    model peaked at 12 GB instead of 1.3 GB)."""
+    modes: list[bool] = []
+    served = copy.deepcopy(model)
+    served.register_forward_hook(lambda *_: modes.append(torch.is_inference_mode_enabled()))
+    backend = HFBackend(served, max_batch_size=4)
+    try:
+        await asyncio.gather(*(backend.generate(p, SamplingParams(temperature=0, max_tokens=4)) for p in prompts(5, 7)))
+    finally:
+        await backend.close()
+    assert len(modes) >= 4 and all(modes)  # a prefill and three decode steps at least

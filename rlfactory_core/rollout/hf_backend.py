@@ -571,7 +571,6 @@ class HFBackend:
                 self._stats["weight_updates"] += 1
                 _answer(update.loop, update.future)
 
-    @torch.inference_mode()
     def _admit(self, admitted: list[_Request]) -> None:
         """Prefill ``admitted`` and join them to the running batch. When a prefill of several
         requests fails, each is prefilled alone, so that one bad request (e.g. images that do
@@ -596,6 +595,7 @@ class HFBackend:
             for request in admitted:
                 _answer(request.loop, request.future, error=exc)
 
+    @torch.inference_mode()  # prefills and decode steps: no autograd graph, no saved activations
     def _step(self, admitted: list[_Request]) -> None:
         if admitted:
             self._admit(admitted)
