@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,13 @@ def assert_one_error_line(stderr: str, *fragments: str) -> None:
         assert lines[1].startswith("hint: "), stderr
 
 
+def next_steps(stderr: str) -> dict[str, list[str]]:
+    """The commands ``rlf plugins new`` tells the user to run, split as a POSIX shell would,
+    by program name (``pip``, ``rlf``, ``pytest``)."""
+    commands = [shlex.split(line, comments=True) for line in stderr.splitlines() if line.startswith("  ")]
+    return {command[0]: command for command in commands}
+
+
 def subprocess_env(site: Path) -> dict[str, str]:
     """This environment, seeing the packages installed into ``site`` and loading all plugins."""
     env = {key: value for key, value in os.environ.items()
@@ -72,8 +80,9 @@ def run_python(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Complet
                           timeout=300, check=False)
 
 
-def pip_install(source: Path, site: Path, cwd: Path) -> None:
-    """Install ``source`` (a directory or a wheel) into ``site``: no index, no isolation, offline."""
+def pip_install(source: Path | str, site: Path, cwd: Path) -> None:
+    """Install ``source`` (a directory or a wheel, optionally with extras: ``DIR[test]``) into
+    ``site``: no dependencies, no index, no isolation, offline."""
     result = run_python("-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
                         "--disable-pip-version-check", "--target", str(site), str(source),
                         env=dict(os.environ), cwd=cwd)
@@ -100,7 +109,8 @@ def test_new_renders_only_the_chosen_kinds(rlf, tmp_path, kinds):
     chosen = set(DEFAULT_KINDS if kinds is None else kinds)
     root = tmp_path / "rlfactory-plugin-demo"
     assert stdout.strip() == str(root)
-    assert f"pip install -e {root}" in stderr and f"pytest {root}" in stderr
+    assert next_steps(stderr) == {"pip": ["pip", "install", "-e", f"{root}[test]"],
+                                  "rlf": ["rlf", "plugins", "list"], "pytest": ["pytest", str(root)]}
 
     modules = {KIND_DETAILS[kind][1] for kind in chosen} | ({"tools.py"} if "env" in chosen else set())
     assert rendered_files(root) == {
@@ -121,7 +131,9 @@ def test_new_renders_only_the_chosen_kinds(rlf, tmp_path, kinds):
     assert 'name = "rlfactory-plugin-demo"' in pyproject
     assert 'description = "Counts \\"words\\" \\\\ fast"' in pyproject  # escaped for TOML
     assert '[project.entry-points.rlfactory]\ndemo = "rlfactory_plugin_demo"' in pyproject
-    assert '"rlfactory>=0.1"' in pyproject and 'test = ["pytest>=8"]' in pyproject
+    # the test extra holds what the generated tests and their pytest config need
+    assert '"rlfactory>=0.1"' in pyproject and 'test = ["pytest>=8", "pytest-asyncio>=0.24"]' in pyproject
+    assert 'asyncio_default_fixture_loop_scope = "function"' in pyproject
     readme = (root / "README.md").read_text()
     for kind, (_, _, component) in KIND_DETAILS.items():
         assert (f"| {kind} | `{component}` |" in readme) == (kind in chosen)
@@ -244,11 +256,15 @@ def test_template_hook_rejects_what_rlf_rejects(tmp_path, context):
 
 @pytest.mark.slow
 def test_generated_plugin_installs_loads_and_passes_its_tests(rlf, tmp_path):
-    code, stdout, stderr = rlf("plugins", "new", "demo", "--output-dir", str(tmp_path), "--kinds", ALL_KINDS)
+    """Installed and tested the way ``rlf plugins new`` says (its commands, from a directory
+    whose name needs quoting), but into a temporary directory, without dependencies."""
+    code, stdout, stderr = rlf("plugins", "new", "demo", "--output-dir", str(tmp_path / "my plugins"),
+                               "--kinds", ALL_KINDS)
     assert code == 0, stderr
     root = Path(stdout.strip())
+    steps = next_steps(stderr)
     site = tmp_path / "site"
-    pip_install(root, site, cwd=tmp_path)
+    pip_install(steps["pip"][-1], site, cwd=tmp_path)  # "DIR[test]": the extra that brings pytest
     env = subprocess_env(site)
 
     listed = run_python("-m", "rlfactory_cli", "plugins", "list", "--json", env=env, cwd=tmp_path)
@@ -259,9 +275,10 @@ def test_generated_plugin_installs_loads_and_passes_its_tests(rlf, tmp_path):
     assert sorted(demo["hooks"]) == sorted(hook for hook, _, _ in KIND_DETAILS.values())
     assert demo["components"] == {kind: [component] for kind, (_, _, component) in KIND_DETAILS.items()}
 
-    tests = run_python("-m", "pytest", str(root / "tests"), "-q", "-p", "no:cacheprovider", env=env, cwd=tmp_path)
+    # Warnings are errors: pytest-asyncio's "asyncio_default_fixture_loop_scope is unset" among them.
+    tests = run_python("-m", *steps["pytest"], "-q", "-p", "no:cacheprovider", "-W", "error", env=env, cwd=tmp_path)
     assert tests.returncode == 0, tests.stdout + tests.stderr
-    assert " passed" in tests.stdout and "skipped" not in tests.stdout
+    assert " passed" in tests.stdout and "skipped" not in tests.stdout and "warning" not in tests.stdout.lower()
 
 
 @pytest.mark.slow
