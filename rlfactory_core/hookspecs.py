@@ -11,7 +11,8 @@ ones it names), which is how hooks grow new parameters without breaking old plug
 Hooks are never renamed.
 
 Registration hooks are called once per process when a registry is first used, one plugin
-at a time, so a failure is attributed to its plugin and does not stop the others.
+at a time, so a failure is attributed to its plugin and does not stop the others; a plugin
+whose registration hook raises is skipped whole (none of its components land).
 Observer hooks are called at named points of the rollout and training loop; a raising
 observer is reported and skipped (fatal with ``RLFACTORY_STRICT_PLUGINS=1``).
 """
@@ -43,8 +44,10 @@ def rlfactory_register_tools(register: Callable[..., None]) -> None:
         ``async call(arguments, ctx)`` (see ``rlfactory_core.interfaces.Tool``), or a plain
         function (sync or async) that is wrapped with ``rlfactory_core.function_tool`` (its
         schema comes from the type hints, its description from the docstring). Raises
-        ``RegistrationError`` (a ``TypeError``) when the object does not fit, and
-        ``DuplicateComponentError`` naming both plugins when the name is taken.
+        ``RegistrationError`` (a ``TypeError``) when the object does not fit or its name
+        holds ``:``, and ``DuplicateComponentError`` when this plugin already registered
+        the name. A name another plugin also registers is not an error here: both
+        plugins show the conflict, and the name works only qualified, ``DIST:name``.
     :return: nothing; the return value is ignored.
 
     Calling convention: every implementation is called, once per process, one plugin at

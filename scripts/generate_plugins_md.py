@@ -51,12 +51,20 @@ plugin's hooks and components, and why a plugin is broken.
 Rules every plugin can rely on:
 
 - `register` checks each component against its interface (`rlfactory_core.interfaces`) and
-  raises `RegistrationError` (a `TypeError`) naming what is missing. A name registered by
-  two plugins is an error naming both; the name is then refused rather than silently
-  resolved to either plugin.
+  raises `RegistrationError` (a `TypeError`) naming what is missing.
+- A name that two plugins register for the same kind is refused under its plain name,
+  never silently resolved to either, whatever order the plugins load in: both plugins show
+  `conflict` in `rlf plugins list`, with the name that reaches each one,
+  `DISTRIBUTION:name` (e.g. `rlfactory-plugin-qwen3:qwen3`; the plugin's entry-point name
+  works too). Qualified names work wherever a name does (config, `--env`, `key=value`,
+  `get_component`), so refer to another plugin's component, or a built-in
+  (`rlfactory:calculator`), by its qualified name when you mean that one. Two
+  distributions declaring the same entry-point name both load, as plugins named
+  `DISTRIBUTION:ENTRY_POINT`.
 - Each plugin loads in isolation: one that fails to import, implements an unknown hook or
-  whose hook raises is reported as `broken` and skipped; the rest keep working.
-  `RLFACTORY_STRICT_PLUGINS=1` turns these reports into errors (use it in your plugin's CI).
+  whose hook raises is reported as `broken` and skipped whole; the rest keep working.
+  `RLFACTORY_STRICT_PLUGINS=1` turns these reports, and name conflicts, into errors (use it
+  in your plugin's CI).
   `RLFACTORY_LOAD_PLUGINS=a,b` loads only the named plugins (entry-point or distribution
   names); set but empty, it loads none besides the built-ins.
 - Hooks grow by gaining parameters, never by being renamed: an implementation may accept

@@ -215,7 +215,8 @@ def test_a_plugins_registrations_land_together_or_not_at_all(plugin_manager):
         assert "RuntimeError: database not reachable" in info.problems[0]
 
 
-def test_duplicate_names_are_rejected_naming_both_plugins(plugin_manager):
+def test_duplicate_names_are_refused_naming_both_plugins(plugin_manager):
+    # More in test_plugin_conflicts.py: load order, the CLI, entry-point names, strict mode.
     class Second:
         @hookimpl
         def rlfactory_register_tools(self, register):
@@ -230,9 +231,12 @@ def test_duplicate_names_are_rejected_naming_both_plugins(plugin_manager):
         with pytest.raises(DuplicateComponentError) as error:
             plugins.get_component("tool", "calculator")
         assert "'rlfactory.tools'" in str(error.value) and "'shadow'" in str(error.value)
-        info = {i.name: i for i in plugins.plugin_infos()}["shadow"]
-        assert info.status == "broken"
-        assert "registered by both plugin 'rlfactory.tools' and plugin 'shadow'" in info.problems[0]
+        infos = {i.name: i for i in plugins.plugin_infos()}
+        assert infos["shadow"].status == infos["rlfactory.tools"].status == "conflict"
+        assert infos["shadow"].conflicts[0].message == (
+            "tool 'calculator' is also registered by plugin 'rlfactory.tools' (rlfactory): neither is used under "
+            "that name; this one is 'shadow:calculator'")
+        assert plugins.get_component("tool", "rlfactory:calculator") is plugins.all_components("tool")[0].obj
 
 
 def test_unknown_component_lists_what_is_available(plugin_manager):
@@ -284,6 +288,20 @@ def test_plugin_whose_hook_raises_is_reported(tmp_path, monkeypatch, good_plugin
     assert rows["raises"]["status"] == "broken"
     assert "ValueError: config file missing" in rows["raises"]["problems"][0]
     assert rows["good"]["components"] == {"tool": ["shout"]}
+
+
+def test_a_plugins_text_is_shown_literally_not_as_markup(tmp_path, monkeypatch, plugin_manager, rlf):
+    # rich markup in a plugin's error ("[/]" closes nothing) used to crash `rlf plugins list`
+    install_fake_distribution(monkeypatch, tmp_path, "rlfactory-plugin-markup", "markup[bold]", "rlf_test_markup", """
+        from rlfactory_core import hookimpl
+
+        @hookimpl
+        def rlfactory_register_tools(register):
+            raise ValueError("expected [/] or [red]x[/red]")
+    """)
+    code, out, err = rlf("plugins", "list")
+    assert code == 0, err
+    assert "broken markup[bold]: rlfactory_register_tools failed: ValueError: expected [/] or [red]x[/red]" in out
 
 
 def test_strict_mode_makes_broken_plugins_fatal(tmp_path, monkeypatch, plugin_manager, rlf):

@@ -61,7 +61,9 @@ class ArithmeticEnv:
         self.few_shot = few_shot
         self.seed = seed
         self.use_tools = use_tools
-        self.tools = [get_component("tool", "calculator")] if use_tools else []
+        # The core's calculator by its qualified name: another plugin's tool named "calculator"
+        # makes the plain name ambiguous, and this env means the core's.
+        self.tools = [get_component("tool", "rlfactory:calculator")] if use_tools else []
 
     def dataset(self, size: int = 256, split: str = "train") -> list[dict[str, Any]]:
         """``size`` samples of ``split`` (``train`` or ``test``), the same for the same seed.
