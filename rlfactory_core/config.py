@@ -11,8 +11,9 @@ A run's config is built in layers, later ones winning key by key:
 
 Everything is checked before anything runs: unknown keys, bad types and out-of-range
 values are all reported together, one line each, naming the key
-(:class:`~rlfactory_core.errors.ConfigError`). ``rlf train --help-config`` prints every
-key with its default and help text (:func:`describe`).
+(:class:`~rlfactory_core.errors.ConfigError`), and :mod:`rlfactory_core.preflight` adds, in
+the same pass, what the config names (components, their options, paths).
+``rlf train --help-config`` prints every key with its default and help text (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .models import DEFAULT_MODEL
 from .rollout.agent_loop import RolloutConfig
 
 __all__ = [
-    "RunConfig", "PRESETS", "load_config", "parse_overrides", "describe", "config_errors",
+    "RunConfig", "PRESETS", "CONFIG_HINT", "load_config", "merge_layers", "validate_config", "parse_overrides",
+    "describe", "config_errors",
     "ModelSection", "LoraSection", "GRPOSection", "TrainSection", "DataSection", "EvalSection",
     "CheckpointSection", "LoggingSection", "RewardSpec", "ToolManagerSpec", "RaySection",
 ]
@@ -262,6 +264,9 @@ class RunConfig(_Section):
         return self
 
 
+#: What every config error's hint says.
+CONFIG_HINT = "`rlf train --help-config` lists every key with its default"
+
 #: Named starting points, applied before config files and overrides.
 PRESETS: dict[str, dict[str, Any]] = {
     # A few-minute run on a 2-core CPU with the embedded model (about 7 minutes here): the
@@ -378,21 +383,17 @@ def config_errors(error: pydantic.ValidationError) -> list[str]:
     return lines
 
 
-def load_config(
+def merge_layers(
     files: Sequence[str | Path] = (),
     overrides: Sequence[str] = (),
     *,
     preset: str | None = None,
     base: Mapping[str, Any] | None = None,
     flags: Mapping[str, Any] | None = None,
-) -> RunConfig:
-    """The validated config from the env's defaults, a preset, ``base``, files, ``flags``
-    (command-line options such as ``--env``) and overrides, in that order; raises
-    :class:`ConfigError` listing every problem at once.
-
-    The env's defaults are its class attribute ``config_defaults`` (a partial config, e.g.
-    the deepsearch env's rewards and turn lengths), so ``rlf train --env NAME`` runs the task
-    as its author tuned it and every later layer can change any of it."""
+) -> tuple[dict[str, Any], list[str]]:
+    """The layers of :func:`load_config` merged into plain data, not yet validated (the
+    schema's defaults not yet applied), and the problems found reading them (a missing file,
+    a bad override, an unknown preset)."""
     problems: list[str] = []
     data: dict[str, Any] = {}
     layers: list[Mapping[str, Any]] = [dict(base or {})]
@@ -414,19 +415,46 @@ def load_config(
             env_name = layer["env"]
     data = _merge(data, _env_defaults(env_name))
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             problems.append(f"preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         else:
             data = _merge(data, PRESETS[preset])
     for layer in layers:
         data = _merge(data, {k: v for k, v in layer.items() if k != "preset"})
+    return data, problems
+
+
+def validate_config(data: Mapping[str, Any]) -> tuple[RunConfig | None, list[str]]:
+    """``data`` checked against the schema: the config, or None and one line per problem."""
     try:
-        config = RunConfig.model_validate(data)
+        return RunConfig.model_validate(dict(data)), []
     except pydantic.ValidationError as exc:
-        problems += config_errors(exc)
-        config = None
+        return None, config_errors(exc)
+
+
+def load_config(
+    files: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+    *,
+    preset: str | None = None,
+    base: Mapping[str, Any] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> RunConfig:
+    """The validated config from the env's defaults, a preset, ``base``, files, ``flags``
+    (command-line options such as ``--env``) and overrides, in that order; raises
+    :class:`ConfigError` listing every problem at once.
+
+    The env's defaults are its class attribute ``config_defaults`` (a partial config, e.g.
+    the deepsearch env's rewards and turn lengths), so ``rlf train --env NAME`` runs the task
+    as its author tuned it and every later layer can change any of it.
+
+    This checks the config alone; :func:`rlfactory_core.preflight.preflight` also checks
+    what it names (components, their options, paths) in the same pass."""
+    data, problems = merge_layers(files, overrides, preset=preset, base=base, flags=flags)
+    config, schema_problems = validate_config(data)
+    problems += schema_problems
     if problems:
-        raise ConfigError(problems, hint="`rlf train --help-config` lists every key with its default")
+        raise ConfigError(problems, hint=CONFIG_HINT)
     assert config is not None
     return config
 

