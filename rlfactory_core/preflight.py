@@ -145,9 +145,9 @@ def run_problems(
     splits = ["train", "test"] if purpose == "train" else [split]
     problems += _data_problems(env_cls, str(env_name), data, splits)
     problems += _backend_problems(values.get("backend"), values.get("backend_options"))
-    problems += _logging_problems(values.get("logging"))
 
     if purpose == "train":
+        problems += _package_problems(values)
         model_section = values.get("model")
         name = model_section.get("name") if isinstance(model_section, Mapping) else None
         if isinstance(name, str):
@@ -272,12 +272,21 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _logging_problems(logging: Any) -> list[str]:
-    """The metrics writers asked for must be installed (else the run would fail after
-    loading the model, when its logger starts)."""
-    if not isinstance(logging, Mapping):
-        return []
+def _package_problems(values: Mapping[str, Any]) -> list[str]:
+    """Optional packages the training config asks for must be installed: without this, the
+    run would stop after loading the model (peft, flash-attn), or when its logger or its
+    engine starts."""
     problems = []
+    model = values.get("model") if isinstance(values.get("model"), Mapping) else {}
+    lora = model.get("lora") if isinstance(model.get("lora"), Mapping) else {}
+    if lora.get("enabled") is True and not _importable("peft"):
+        problems.append("model.lora.enabled: peft is not installed; pip install peft, or set model.lora.enabled=false")
+    if model.get("attn_implementation") == "flash_attention_2" and not _importable("flash_attn"):
+        problems.append("model.attn_implementation: flash_attention_2 needs flash-attn (a GPU and pip install "
+                        "flash-attn, the gpu extra); or use auto or sdpa")
+    if values.get("engine") == "ray" and not _importable("ray"):
+        problems.append("engine: ray is not installed; pip install 'ray[default]', or use engine=local")
+    logging = values.get("logging") if isinstance(values.get("logging"), Mapping) else {}
     if logging.get("tensorboard") is True and not _importable("tensorboard"):
         problems.append("logging.tensorboard: TensorBoard is not installed; pip install tensorboard, or set "
                         "logging.tensorboard=false")

@@ -210,3 +210,17 @@ def test_hf_backend_options_are_checked_up_front():
     assert problems == [
         f"backend_options.{key}: the 'hf' backend has no option {key!r} (its options: dtype, device, max_batch_size, "
         "max_model_len)" for key in ("batch", "processor")]  # the processor is the run's, not an option
+
+
+def test_optional_packages_the_config_asks_for_are_checked_before_the_model_loads(monkeypatch):
+    for module in ("peft", "flash_attn", "ray", "tensorboard"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    _, problems = preflight([], ["model.lora.enabled=true", "model.attn_implementation=flash_attention_2"])
+    assert problems == [
+        "model.lora.enabled: peft is not installed; pip install peft, or set model.lora.enabled=false",
+        "model.attn_implementation: flash_attention_2 needs flash-attn (a GPU and pip install flash-attn, the gpu "
+        "extra); or use auto or sdpa",
+        "logging.tensorboard: TensorBoard is not installed; pip install tensorboard, or set logging.tensorboard=false",
+    ]
+    _, problems = preflight([], ["engine=ray", "logging.tensorboard=false"])
+    assert problems == ["engine: ray is not installed; pip install 'ray[default]', or use engine=local"]
