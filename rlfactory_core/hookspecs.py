@@ -12,7 +12,8 @@ Hooks are never renamed.
 
 Registration hooks are called once per process when a registry is first used, one plugin
 at a time, so a failure is attributed to its plugin and does not stop the others; a plugin
-whose registration hook raises is skipped whole (none of its components land).
+whose registration hook raises is skipped whole (none of its components land and none of
+its other hooks is called).
 Observer hooks are called at named points of the rollout and training loop; a raising
 observer is reported and skipped (fatal with ``RLFACTORY_STRICT_PLUGINS=1``).
 """

@@ -13,7 +13,8 @@ external plugins at all).
 Registries are built on first use: every plugin's registration hooks are called, one
 plugin at a time, with a ``register`` callback bound to that plugin, so every component
 knows which plugin supplied it. A plugin's registrations land all together or not at all:
-one whose registration hook raises is skipped whole, like one that fails to import.
+one whose registration hook raises is skipped whole, like one that fails to import (no
+component of it lands and none of its other hooks is called).
 
 Name conflicts are settled only after every plugin has registered, so the outcome does
 not depend on the order plugins load in (``sys.path`` order). A name that two plugins
@@ -248,6 +249,10 @@ def _load_entry_point_plugins(pm: pluggy.PluginManager) -> None:
             if allowed is not None and not {ep.name, f"{dist_name}:{ep.name}"} & allowed and key not in allowed_dists:
                 continue
             found.append((dist_name, dist.version or "?", ep))
+    # Loaded in name order, not sys.path order, so nothing about the outcome (which of two
+    # distributions holding one module is reported, the observers' calling order) depends on
+    # where a package happens to be installed.
+    found.sort(key=lambda f: (_normalise_dist(f[0]), f[2].name))
     # Two distributions declaring one entry-point name (or a built-in's name) both load, under
     # names that say whose they are: keeping the first would let sys.path order choose.
     claims: dict[str, list[str]] = {}
@@ -381,7 +386,6 @@ def _build_registries() -> None:
     """Every kind's registry, built once from every plugin; conflicts settled at the end."""
     if _state.built:
         return
-    get_plugin_manager()
     hooks_of: dict[str, dict[str, pluggy.HookImpl]] = {}  # plugin -> kind -> impl, in registration order
     for kind, hook_name in REGISTRATION_HOOKS.items():
         for impl in _impls(hook_name, registration_order=True):
@@ -390,10 +394,15 @@ def _build_registries() -> None:
     for info in _state.infos.values():
         info.components.clear()
         info.conflicts = [c for c in info.conflicts if c.kind == ENTRY_POINT_KIND]
+    pm = get_plugin_manager()
     for plugin_name, impls in hooks_of.items():
         info = _info_for(plugin_name)
         landed = _collect(info, impls)
-        for component in landed or []:
+        if landed is None:
+            # Skipped whole: a half-initialised plugin's observers must not shape a run either.
+            pm.unregister(name=plugin_name)
+            continue
+        for component in landed:
             by_name[component.kind].setdefault(component.name, []).append(component)
             info.components.setdefault(component.kind, []).append(component.name)
     registries: dict[str, dict[str, Component]] = {kind: {} for kind in COMPONENT_KINDS}
@@ -430,7 +439,10 @@ def _build_registries() -> None:
 
 
 def _matches(component: Component, qualifier: str) -> bool:
-    return qualifier == component.plugin or _normalise_dist(qualifier) == _normalise_dist(component.distribution)
+    if not qualifier:
+        return False
+    return qualifier == component.plugin or (
+        bool(component.distribution) and _normalise_dist(qualifier) == _normalise_dist(component.distribution))
 
 
 def _qualified_name(component: Component, claimed: list[Component]) -> str:
@@ -525,6 +537,7 @@ def get_component(kind: str, name: str) -> Any:
 
 def notify(hook_name: str, **kwargs: Any) -> list[Any]:
     """Call an observer hook on every plugin, each in isolation; return the non-None results."""
+    _build_registries()  # first, so a plugin whose registration failed is never called, whenever this runs
     results = []
     for impl in _impls(hook_name):
         try:

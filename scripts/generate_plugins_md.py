@@ -62,7 +62,9 @@ Rules every plugin can rely on:
   distributions declaring the same entry-point name both load, as plugins named
   `DISTRIBUTION:ENTRY_POINT`.
 - Each plugin loads in isolation: one that fails to import, implements an unknown hook or
-  whose hook raises is reported as `broken` and skipped whole; the rest keep working.
+  whose registration hook raises is reported as `broken` and skipped whole (none of its
+  components land, none of its hooks is called); an observer or command hook that raises
+  is reported and that call skipped. The rest keep working.
   `RLFACTORY_STRICT_PLUGINS=1` turns these reports, and name conflicts, into errors (use it
   in your plugin's CI).
   `RLFACTORY_LOAD_PLUGINS=a,b` loads only the named plugins (entry-point or distribution

@@ -271,6 +271,50 @@ def test_two_distributions_with_one_entry_point_name_both_load(tmp_path, monkeyp
     assert (info.name, info.distribution, info.status) == ("qwen3", "rlfactory-plugin-fakeqwen", "ok")
 
 
+def test_an_entry_point_named_like_a_built_in_and_one_module_under_two_distributions(tmp_path, monkeypatch,
+                                                                                      plugin_manager):
+    root = write_distribution(tmp_path / "dists", "rlfactory-plugin-bbb", "rlfactory.tools", "rlf_test_shared", """
+        from rlfactory_core import hookimpl
+
+        def shared_tool(text: str) -> str:
+            \"\"\"Echo.\"\"\"
+            return text
+
+        @hookimpl
+        def rlfactory_register_tools(register):
+            register(shared_tool)
+    """)
+    # the same module again, under another distribution (a renamed package's stale dist-info)
+    write_distribution(root, "rlfactory-plugin-aaa", "shared", "rlf_test_shared_alias", "")
+    (root / "rlf_test_shared_alias.py").unlink()
+    (root / "rlfactory_plugin_aaa-0.1.0.dist-info" / "entry_points.txt").write_text("[rlfactory]\nshared = rlf_test_shared\n")
+    monkeypatch.delitem(sys.modules, "rlf_test_shared", raising=False)
+    rows = _load_fake(monkeypatch, root, first=True)
+    assert rows == _load_fake(monkeypatch, root, first=False)
+    # the built-in keeps its name; the entry point loads under its distribution's
+    assert rows["rlfactory.tools"]["status"] == "ok" and rows["rlfactory.tools"]["builtin"]
+    # one module is one plugin: the distribution first in name order has it, the other is told why
+    assert rows["shared"]["components"] == {"tool": ["shared_tool"]} and rows["shared"]["status"] == "ok"
+    other = rows["rlfactory-plugin-bbb:rlfactory.tools"]
+    assert other["status"] == "broken" and other["conflicts"][0]["kind"] == "entry point"
+    assert ("is the same module as plugin 'shared' (rlfactory-plugin-aaa): one package installed under two "
+            "distribution names? uninstall one") in other["problems"][0]
+    assert plugins.components("tool")["shared_tool"].plugin == "shared"
+
+
+def test_a_qualifier_must_name_something(plugin_manager):
+    class Echo:
+        @hookimpl
+        def rlfactory_register_tools(self, register):
+            register(echo)
+
+    with registered_plugin(Echo(), name="echoes"):
+        assert plugins.get_component("tool", "echoes:echo").name == "echo"
+        for name in (":echo", "rlfactory:echo"):
+            with pytest.raises(UnknownComponentError, match="no tool 'echo' from"):
+                plugins.get_component("tool", name)
+
+
 def _load_fake(monkeypatch, root, first):
     base = [p for p in sys.path if p != str(root)]
     monkeypatch.setattr(sys, "path", [str(root), *base] if first else [*base, str(root)])
@@ -338,7 +382,13 @@ def test_a_hook_raising_after_some_registrations_lands_none_of_the_plugins_compo
         def rlfactory_register_parsers(self, register):
             raise RuntimeError("model family table not found")
 
+        @hookimpl
+        def rlfactory_on_train_start(self, config):
+            return "shaped by a half-initialised plugin"
+
     with registered_plugin(HalfBroken(), name="half"):
+        # its observers are never called either, even before any registry was used
+        assert plugins.notify("rlfactory_on_train_start", config={}) == []
         info = {i.name: i for i in plugins.plugin_infos()}["half"]
         assert "RuntimeError: model family table not found" in info.problems[0]
         # the tool hook ran fine, but a plugin is skipped whole, as when it fails to import
