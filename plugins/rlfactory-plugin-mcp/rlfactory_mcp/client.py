@@ -15,16 +15,22 @@ How calls reach the servers:
   tool is just slow and the call fails as a timeout; if not, the server is hung.
 * **Restarts**: a server whose connection closed (crashed, killed) or that is hung is
   restarted, and the call retried once. Concurrent calls that saw the same failure share
-  one restart. A failure of the retry is the call's error.
+  one restart, one liveness probe and one warning line, which counts them. A failure of
+  the retry is the call's error.
 * **Clean shutdown**: :meth:`MCPToolset.close` (the tool manager's ``close()`` at the end of
   a run) ends every session; the MCP SDK terminates each stdio server's process tree.
-  A server's stderr goes to a log file (``stderr_log``), named in startup errors.
-* **Results** (:func:`result_text`): text content and embedded text resources as they
-  are; structured content as JSON (unless the text parts already say it, as the spec
-  recommends servers send); images, audio, binary resources and resource links as a short
-  note (``[image: image/png, 2048 bytes]``). ``isError`` results become tool errors the
-  model sees; the server's refusal of the arguments (``-32602``) an invalid-arguments
-  error.
+  A server's stderr goes to a log file (``stderr_log``).
+* **Startup failures** are one line, the cause first (:mod:`rlfactory_mcp.failures`): a
+  command not found, a process that exited (with the end of its stderr), a program that
+  writes something else than JSON-RPC on stdout (it fails a few seconds later, not after
+  ``connect_timeout_s``), an HTTP server that refuses the connection or the handshake;
+  then a stdio server's command and stderr log.
+* **Results** (:func:`result_text`, in :mod:`rlfactory_mcp.results`): text content and
+  embedded text resources as they are; structured content as JSON (unless the text parts
+  already say it, as the spec recommends servers send); images, audio, binary resources
+  and resource links as a short note (``[image: image/png, 2048 bytes]``). ``isError``
+  results become tool errors the model sees; the server's refusal of the arguments
+  (``-32602``) an invalid-arguments error.
 
 Sessions belong to the event loop that opened them; a toolset used from a new loop (a
 second ``asyncio.run``) drops the old sessions and opens new ones.
@@ -33,11 +39,8 @@ second ``asyncio.run``) drops the old sessions and opens new ones.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import concurrent.futures
 import contextlib
-import json
 import logging
 import os
 import re
@@ -51,13 +54,17 @@ from rlfactory_core.tools import ToolArgumentsError
 from rlfactory_core.types import ToolResult
 
 from .config import ServerSpec, load_mcp_config
+from .failures import (SPAWN_ERRORS, cause_in_words, is_connection_closed, leaves, offending_input,
+                       quiet_sdk_parse_errors)
+from .results import result_text
 
 __all__ = ["MCPTool", "MCPToolset", "MCPServerError", "ServerOptions", "load_mcp_tools", "result_text"]
 
 log = logging.getLogger("rlfactory.mcp")
 
 _INVALID_PARAMS = -32602
-_CONNECTION_CLOSED = -32000
+# How long a server that wrote a non-JSON-RPC line during the handshake has to complete it.
+_NOT_MCP_GRACE_S = 3.0
 _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 # The MCP SDK's MCP_DEFAULT_TIMEOUT and MCP_DEFAULT_SSE_READ_TIMEOUT (in a private module).
 _HTTP_TIMEOUT_S = 30.0
@@ -92,86 +99,6 @@ class ServerOptions:
         return problems
 
 
-# --------------------------------------------------------------------------- results
-
-
-def result_text(result: Any) -> str:
-    """What the model sees of a ``CallToolResult``, its parts in order, one per line:
-
-    * text, and an embedded resource's text: as they are;
-    * image and audio: ``[image: image/png, 2048 bytes]`` (the decoded size);
-    * an embedded binary resource: ``[resource URI: MIME, N bytes]`` (``binary`` without a
-      MIME type);
-    * a resource link: ``[resource link: URI NAME]``;
-    * a content type this function does not know (one a newer SDK may add):
-      ``[TYPE content]``;
-    * then the structured content as JSON, unless the text parts already say it (see
-      :func:`_shown`).
-
-    ``isError`` does not change the text: :meth:`MCPTool.call` marks the result a tool
-    error."""
-    parts: list[str] = []
-    texts: list[str] = []
-    for item in result.content or []:
-        kind = getattr(item, "type", None)
-        if kind == "text":
-            parts.append(item.text)
-            texts.append(item.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind}: {item.mime_type}, {_decoded_size(item.data)}]")
-        elif kind == "resource_link":
-            label = f" {item.name}" if getattr(item, "name", None) else ""
-            parts.append(f"[resource link: {item.uri}{label}]")
-        elif kind == "resource":
-            resource = item.resource
-            if getattr(resource, "text", None) is not None:
-                parts.append(resource.text)
-                texts.append(resource.text)
-            else:
-                mime = resource.mime_type or "binary"
-                parts.append(f"[resource {resource.uri}: {mime}, {_decoded_size(getattr(resource, 'blob', ''))}]")
-        else:
-            parts.append(f"[{kind or type(item).__name__} content]")
-    structured = getattr(result, "structured_content", None)
-    if structured is not None and not _shown(texts, structured):
-        parts.append(json.dumps(structured, ensure_ascii=False, default=str))
-    return "\n".join(parts)
-
-
-def _shown(texts: list[str], structured: Any) -> bool:
-    """Whether the text parts already say what the structured content does: one of them is
-    its JSON, or the value of a wrapped result (``{"result": 5}`` next to the text ``5``),
-    or, for a wrapped list, the text parts are its items in order (what the SDK's
-    ``MCPServer`` sends for a tool that returns a list)."""
-    if any(_is_json_of(text, structured) for text in texts):
-        return True
-    if not (isinstance(structured, dict) and set(structured) == {"result"}):
-        return False
-    value = structured["result"]
-    if any(_says(text, value) for text in texts):
-        return True
-    return (isinstance(value, list) and len(value) == len(texts) > 0
-            and all(_says(text, item) for text, item in zip(texts, value)))
-
-
-def _says(text: str, value: Any) -> bool:
-    return text == value or (not isinstance(value, (dict, list)) and text == str(value)) or _is_json_of(text, value)
-
-
-def _decoded_size(data: str) -> str:
-    try:
-        return f"{len(base64.b64decode(data, validate=False))} bytes"
-    except (binascii.Error, ValueError):
-        return f"{len(data)} base64 characters"
-
-
-def _is_json_of(text: str, value: Any) -> bool:
-    try:
-        return json.loads(text) == value
-    except (json.JSONDecodeError, TypeError):
-        return False
-
-
 # --------------------------------------------------------------------------- sessions
 
 
@@ -182,10 +109,17 @@ class _Session:
     def __init__(self, spec: ServerSpec, options: ServerOptions, stderr_log: Path):
         self.spec, self.options, self.stderr_log = spec, options, stderr_log
         self.client: Any = None
+        self.in_flight = 0  # calls sent on this session and not answered
+        # What went wrong with this session, told once by the call that restarts it: the
+        # calls that saw the same failure share that restart and that one line.
+        self.failure: str | None = None
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
         self._error: BaseException | None = None
         self._owner: asyncio.Task | None = None
+        self._connecting: Any = None  # the anyio cancel scope of the connection, until it is open
+        self._not_mcp: str | None = None  # the first stdout line that was not a JSON-RPC message
+        self._probe: asyncio.Task | None = None
 
     async def open(self) -> "_Session":
         self._owner = asyncio.create_task(self._own(), name=f"mcp-session-{self.spec.name}")
@@ -193,32 +127,83 @@ class _Session:
             await asyncio.wait_for(self._ready.wait(), self.options.connect_timeout_s)
         except asyncio.TimeoutError:
             await self.close()
-            raise MCPServerError(f"MCP server {self.spec.describe()} did not connect within "
-                                 f"{self.options.connect_timeout_s:g} s{self._log_hint()}") from None
-        if self._error is not None:
+            raise self._startup_error(self._startup_cause() if self._not_mcp is not None else
+                                      f"it did not answer the MCP handshake within "
+                                      f"{self.options.connect_timeout_s:g} s (connect_timeout_s)") from None
+        if self._error is not None or self.client is None:
             await self.close()
-            raise MCPServerError(f"MCP server {self.spec.describe()} could not be started: "
-                                 f"{one_line(self._error)}{self._log_hint()}") from self._error
+            raise self._startup_error(self._startup_cause()) from self._error
         return self
 
     async def _own(self) -> None:
+        import anyio
         from mcp import Client
 
+        quiet_sdk_parse_errors()
         try:
             with contextlib.ExitStack() as files:
                 errlog = (files.enter_context(open(self.stderr_log, "a", encoding="utf-8"))
                           if self.spec.transport == "stdio" else None)
-                async with Client(_transport(self.spec, errlog), mode="auto") as client:
-                    self.client = client
-                    self._ready.set()
-                    await self._stop.wait()
+                # Cancelled when the server writes something that is not MCP and does not
+                # complete the handshake soon after (_on_message): a program that is not
+                # an MCP server fails now, not after connect_timeout_s.
+                with anyio.CancelScope() as self._connecting:
+                    async with Client(_transport(self.spec, errlog), mode="auto",
+                                      message_handler=self._on_message) as client:
+                        self._connecting = None
+                        if self._not_mcp is not None:  # a banner before the handshake
+                            self._warn_not_mcp()
+                        self.client = client
+                        self._ready.set()
+                        await self._stop.wait()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - reported by open() or seen by the next call
             self._error = exc
         finally:
+            self._connecting = None
             self.client = None
             self._ready.set()
+
+    async def _on_message(self, message: Any) -> None:
+        """The MCP SDK's message handler: server notifications (ignored) and transport
+        errors, here a line on a stdio server's stdout that is not a JSON-RPC message. Said
+        once per session; during the handshake, the server has _NOT_MCP_GRACE_S more to
+        complete it (a banner line) before it is taken for something else than MCP."""
+        if not isinstance(message, Exception) or self._not_mcp is not None:
+            return
+        self._not_mcp = offending_input(message)
+        if self._connecting is not None:
+            asyncio.get_running_loop().call_later(_NOT_MCP_GRACE_S, self._give_up_connecting)
+        else:
+            self._warn_not_mcp()
+
+    def _give_up_connecting(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
+
+    def _warn_not_mcp(self) -> None:
+        log.warning("MCP server %s wrote a line on stdout that is not a JSON-RPC message (ignored; later ones are "
+                    "not shown): %s", self.spec.describe(), self._not_mcp)
+
+    def _startup_cause(self) -> str:
+        """Why the connection could not be opened, in words (the stderr tail comes after)."""
+        if self._not_mcp is not None:
+            return (f"it wrote {self._not_mcp} on stdout, which is not a JSON-RPC message, and did not complete "
+                    "the MCP handshake: it is not an MCP server, or it prints to stdout (an MCP stdio server "
+                    "may log to stderr only)")
+        return cause_in_words(self.spec, self._error)
+
+    def _startup_error(self, cause: str) -> "MCPServerError":
+        """The cause first, then what to look at: a stdio server's stderr and command, or an
+        HTTP server's URL."""
+        if self.spec.transport != "stdio":
+            return MCPServerError(f"MCP server {self.spec.describe()} could not be started: {cause}")
+        found = leaves(self._error) if self._error is not None else []
+        if found and isinstance(found[0], SPAWN_ERRORS):  # no process: no stderr to show
+            return MCPServerError(f"MCP server {self.spec.name!r} could not be started: {cause}")
+        return MCPServerError(f"MCP server {self.spec.name!r} could not be started: {cause}; {self._stderr_tail()} "
+                              f"(command: {self.spec.command_line()}; stderr log: {self.stderr_log})")
 
     async def close(self) -> None:
         self._stop.set()
@@ -234,9 +219,15 @@ class _Session:
             pass
 
     async def responsive(self) -> bool:
-        """Whether the server still answers (a ``tools/list`` that skips the client's cache)."""
+        """Whether the server still answers (a ``tools/list`` that skips the client's cache).
+        Calls that time out together share one probe."""
         if self.client is None:
             return False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._probe_once())
+        return await asyncio.shield(self._probe)
+
+    async def _probe_once(self) -> bool:
         try:
             await asyncio.wait_for(self.client.list_tools(cache_mode="bypass"), self.options.probe_timeout_s)
             return True
@@ -245,15 +236,19 @@ class _Session:
         except BaseException:  # noqa: BLE001 - any failure means no
             return False
 
-    def _log_hint(self) -> str:
-        if self.spec.transport != "stdio":
-            return ""
+    def failed(self, what: str) -> None:
+        """Record what happened to this session, with the calls it had in flight then; the
+        first report counts (the others are the same event seen by other calls)."""
+        if self.failure is None:
+            self.failure = f"{what}, with {self.in_flight} call{'s' if self.in_flight != 1 else ''} in flight"
+
+    def _stderr_tail(self) -> str:
+        """The last lines of a stdio server's stderr, joined on one line."""
         try:
-            tail = [line for line in self.stderr_log.read_text(errors="replace").splitlines() if line.strip()][-3:]
+            tail = [line.strip() for line in self.stderr_log.read_text(errors="replace").splitlines() if line.strip()]
         except OSError:
             tail = []
-        shown = f"; its stderr ends with: {' | '.join(tail)}" if tail else ""
-        return f" (stderr: {self.stderr_log}{shown})"
+        return f"its stderr ends with: {' | '.join(tail[-3:])[-500:]}" if tail else "its stderr is empty"
 
 
 def _transport(spec: ServerSpec, errlog: Any) -> Any:
@@ -329,7 +324,10 @@ class _ServerPool:
                 self._slots[slot] = None
                 await current.close()
                 self.restarts += 1
-                log.warning("restarting MCP server %s", self.spec.describe())
+                # One line per restart, however many calls saw the failure.
+                log.warning("MCP server %s %s: restarting it%s", self.spec.describe(),
+                            current.failure or "lost its connection",
+                            ", and retrying them once" if current.failure else "")
             session = await _Session(self.spec, self.options, self._stderr_log(slot)).open()
             self._slots[slot] = session
             return session
@@ -348,30 +346,37 @@ class _ServerPool:
     async def _call_in(self, slot: int, tool: str, arguments: dict[str, Any]) -> Any:
         session = await self._session(slot)
         for attempt in (1, 2):
+            # Counted until the failure is handled: the first call to report it counts the
+            # calls still on the session, itself included.
+            session.in_flight += 1
             try:
-                return await asyncio.wait_for(session.client.call_tool(tool, arguments),
-                                              self.options.timeout_s)
+                return await asyncio.wait_for(session.client.call_tool(tool, arguments), self.options.timeout_s)
             except asyncio.TimeoutError:
                 timed_out = TimeoutError(f"{tool} on MCP server {self.spec.name!r} took longer than "
                                          f"{self.options.timeout_s:g} s")
                 if await session.responsive():
                     raise timed_out from None  # the tool is slow, the server is fine
-                log.warning("MCP server %s does not answer (hung)", self.spec.describe())
+                session.failed("does not answer (hung)")
                 if attempt == 2:  # hung again: the next call gets a fresh server
                     await self._discard(slot, session)
                     raise timed_out from None
             except Exception as exc:
                 if attempt == 2 or not _connection_lost(exc, session):
                     raise
-                log.warning("MCP server %s lost its connection: %s", self.spec.describe(), one_line(exc))
+                session.failed(f"lost its connection ({one_line(exc)})")
+            finally:
+                session.in_flight -= 1
             session = await self._session(slot, replacing=session)
         raise AssertionError("unreachable")
 
     async def _discard(self, slot: int, session: _Session) -> None:
         assert self._locks is not None
         async with self._locks[slot]:
-            if self._slots[slot] is session:
-                self._slots[slot] = None
+            if self._slots[slot] is not session:
+                return  # another call that saw it hang dropped it (and said so) already
+            self._slots[slot] = None
+        log.warning("MCP server %s %s, again after its restart: stopping it; the next call starts it afresh",
+                    self.spec.describe(), session.failure or "does not answer (hung)")
         await session.close()
 
     async def list_tools(self) -> list[Any]:
@@ -395,15 +400,7 @@ class _ServerPool:
 
 
 def _connection_lost(exc: BaseException, session: _Session) -> bool:
-    code = getattr(getattr(exc, "error", None), "code", getattr(exc, "code", None))
-    if code == _CONNECTION_CLOSED:
-        return True
-    import anyio
-
-    if isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream,
-                        ConnectionError, EOFError)):
-        return True
-    return session.client is None  # the session ended under the call
+    return is_connection_closed(exc) or session.client is None  # or the session ended under the call
 
 
 # --------------------------------------------------------------------------- tools
@@ -525,7 +522,8 @@ async def _list_all(pools: dict[str, _ServerPool]) -> dict[str, list[Any]]:
         except MCPServerError:
             raise
         except Exception as exc:  # noqa: BLE001 - named with its server
-            raise MCPServerError(f"MCP server {pool.spec.describe()} did not list its tools: {one_line(exc)}") from exc
+            raise MCPServerError(f"MCP server {pool.spec.describe()} did not list its tools: "
+                                 f"{cause_in_words(pool.spec, exc)}") from exc
         finally:
             await pool.close()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -60,10 +61,16 @@ class ServerSpec:
     sse_read_timeout: float | None = None
 
     def describe(self) -> str:
-        """The server in a few words, for messages."""
+        """The server in a few words, on one line, for messages."""
         if self.transport == "stdio":
-            return f"{self.name} ({' '.join([self.command or '', *self.args]).strip()})"
+            return f"{self.name} ({self.command_line(limit=120)})"
         return f"{self.name} ({self.transport} {self.url})"
+
+    def command_line(self, limit: int = 300) -> str:
+        """A stdio server's command as a shell would read it, on one line (newlines in an
+        argument, e.g. a ``python -c`` script, written ``\\n``), cut to ``limit`` characters."""
+        text = shlex.join([self.command or "", *self.args]).replace("\r", "\\r").replace("\n", "\\n")
+        return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def load_mcp_config(path: str | Path) -> dict[str, ServerSpec]:

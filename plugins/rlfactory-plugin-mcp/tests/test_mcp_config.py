@@ -28,6 +28,14 @@ def test_the_standard_file_with_stdio_streamable_http_and_sse_servers(tmp_path):
     assert servers["time"].describe() == "time (python -m mcp_server_time 3)"
 
 
+def test_a_server_is_described_on_one_line_as_a_shell_reads_its_command():
+    script = ServerSpec(name="inline", transport="stdio", command="python",
+                        args=("-c", "import sys\nprint('hi there')"))
+    assert script.describe() == "inline (python -c 'import sys\\nprint('\"'\"'hi there'\"'\"')')"
+    long = ServerSpec(name="long", transport="stdio", command="npx", args=("x" * 500,))
+    assert len(long.command_line()) == 300 and long.command_line().endswith("...")
+
+
 def test_rl_factorys_pydata_list_is_read_as_a_literal_never_executed(tmp_path):
     path = tmp_path / "mcp_tools.pydata"
     path.write_text("[\n  {'mcpServers': {'time': {'command': 'python', 'args': ['-m', 'mcp_server_time']}}},\n"
