@@ -20,7 +20,9 @@ Each ``<tool_call>`` body is one JSON object with a non-empty string ``"name"`` 
 ``"arguments"`` object; arguments written as a JSON-encoded string are decoded, missing
 ones are ``{}``. The body is read as JSON before looking for ``</tool_call>``, so tags
 inside argument strings do not cut a call short. Calls get the ids ``call_0``, ``call_1``,
-... in order; ``content`` is the text without reasoning and tool-call blocks.
+... in order; ``content`` is the text without reasoning and tool-call blocks. JSON nested
+more than :data:`MAX_JSON_DEPTH` levels is refused. Parsing is linear in the length of the
+text on any input: the decoder only ever sees one block's object (see ``_object_end``).
 
 The results come back as ``<tool_response>`` blocks, all results of one turn inside a
 single user turn::
@@ -51,6 +53,7 @@ __all__ = [
     "format_tools_section",
     "TOOLS_HEADER",
     "TOOLS_FOOTER",
+    "MAX_JSON_DEPTH",
 ]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -101,6 +104,81 @@ def _finite_float(literal: str) -> float:
 # model will be served with.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
+#: Nesting levels a call's JSON may have (the call object counts as one). Deeper values are
+#: refused before decoding: what a tool receives must survive the recursive code after the
+#: parser (json.dumps, deepcopy, jsonschema, pickling for Ray), and no tool needs more.
+MAX_JSON_DEPTH = 100
+
+# Outside strings, JSON holds only whitespace, ":", ",", numbers and the letters of
+# true/false/null; this finds the next character that is none of those: a bracket, a
+# quote, or something that cannot be JSON.
+_JSON_STRUCTURE = re.compile(r"[^ \t\n\r:,0-9.eE+\-trufalsn]")
+# The rest of a string after its opening quote, escapes included, up to the closing quote.
+_STRING_TAIL = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_BRACKETS = re.compile(r'[\[\]{}"]')
+
+
+def _object_end(text: str, start: int) -> int | None:
+    """Where the object opened by ``text[start] == "{"`` ends, if its brackets close within
+    :data:`MAX_JSON_DEPTH` levels; None when they do not (the object cannot be decoded).
+
+    A syntactic scan, so that the decoder is handed exactly one block's JSON and never
+    the rest of the turn: a failing decode counts the lines of everything before the
+    error in what it was handed, so decoding from each broken block to the end of the
+    turn made parsing quadratic. The scan gives up at the first character that cannot be
+    JSON outside a string, which keeps the scans of all blocks linear together: a later
+    ``<tool_call>`` inside this scan lies in one of its strings, and a scan started there
+    runs at most until the quote where this one's string ends (it reads that quote as
+    the start of a string, and this scan's next stretch outside strings as its inside).
+    """
+    depth, pos = 0, start
+    while (match := _JSON_STRUCTURE.search(text, pos)) is not None:
+        pos = match.end()
+        char = match.group()
+        if char == '"':
+            string = _STRING_TAIL.match(text, pos)
+            if string is None:
+                return None
+            pos = string.end()
+        elif char in "{[":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return None
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return pos
+        else:
+            return None
+    return None
+
+
+def _too_deep(text: str) -> bool:
+    """Whether brackets outside strings nest more than :data:`MAX_JSON_DEPTH` levels in ``text``."""
+    depth, pos = 0, 0
+    while (match := _BRACKETS.search(text, pos)) is not None:
+        pos = match.end()
+        char = match.group()
+        if char == '"':
+            string = _STRING_TAIL.match(text, pos)
+            if string is None:
+                return False
+            pos = string.end()
+        elif char in "{[":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _decode(text: str) -> Any:
+    """``text`` (one bounded piece of the turn) as JSON, refusing values nested too deeply."""
+    if _too_deep(text):
+        raise ValueError(f"it is nested more than {MAX_JSON_DEPTH} levels deep")
+    return _DECODER.decode(text)
+
 
 def _json_type(value: Any) -> str:
     """The JSON name of a decoded value's type, for messages the model reads."""
@@ -119,14 +197,17 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _snippet(text: str, limit: int = _SNIPPET_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _snippet(text: str, start: int = 0, end: int | None = None, limit: int = _SNIPPET_CHARS) -> str:
+    """``text[start:end]``, shortened to ``limit`` characters; copies only what it keeps."""
+    end = len(text) if end is None else end
+    return text[start:end] if end - start <= limit else text[start : start + limit - 1] + "…"
 
 
 def _json_error(exc: BaseException) -> str:
     if isinstance(exc, json.JSONDecodeError):
-        return f"{exc.msg} at char {exc.pos}"
-    if isinstance(exc, RecursionError):
+        # Some of json's messages end in "at" already ("Unterminated string starting at").
+        return f"{exc.msg} char {exc.pos}" if exc.msg.endswith(" at") else f"{exc.msg} at char {exc.pos}"
+    if isinstance(exc, RecursionError):  # the decoder's own guard, should a value get past _too_deep
         return "it is nested too deeply"
     return str(exc)
 
@@ -207,9 +288,9 @@ class _Reader:
                 self.attempts += 1
                 pos = self._tool_call(match.start(), match.end())
             else:  # CALL_CLOSE with no open block before it
-                before = text[max(0, match.start() - _SNIPPET_CHARS + len(CALL_CLOSE)) : match.end()]
                 self._error(f"found {CALL_CLOSE} without a matching {CALL_OPEN}; "
-                            f"start each call with {CALL_OPEN} and {_FORMAT_HINT}", before)
+                            f"start each call with {CALL_OPEN} and {_FORMAT_HINT}",
+                            max(0, match.end() - _SNIPPET_CHARS), match.end())
                 pos = match.end()
         for index, call in enumerate(self.calls):
             call.id = f"call_{index}"
@@ -219,8 +300,9 @@ class _Reader:
         return ParsedTurn(text=text, content="".join(self.content).strip(), reasoning=reasoning,
                           tool_calls=self.calls, errors=self.errors)
 
-    def _error(self, message: str, snippet: str) -> None:
-        self.errors.append(ParseError(message=message, snippet=_snippet(snippet)))
+    def _error(self, message: str, start: int, end: int) -> None:
+        """Record a problem with ``text[start:end]`` (only a snippet of it is kept)."""
+        self.errors.append(ParseError(message=message, snippet=_snippet(self.text, start, end)))
 
     def _think_block(self, start: int) -> int:
         """Read ``<think>...`` from just after the tag; return where reading goes on."""
@@ -230,15 +312,15 @@ class _Reader:
             # Usually a turn cut off by the token limit while still thinking.
             self.reasoning.append(self.text[start:])
             self._error(f"the {THINK_OPEN} block is not closed: end your reasoning with {THINK_CLOSE}; "
-                        f"tool calls inside it are ignored", THINK_OPEN + self.text[start:])
+                        f"tool calls inside it are ignored", start - len(THINK_OPEN), len(self.text))
             return len(self.text)
         self.reasoning.append(self.text[start:end])
         return end + len(THINK_CLOSE)
 
     def _think_close(self, at: int) -> None:
         if self.saw_think:
-            before = self.text[max(0, at - _SNIPPET_CHARS + len(THINK_CLOSE)) : at + len(THINK_CLOSE)]
-            self._error(f"found {THINK_CLOSE} without a matching {THINK_OPEN}", before)
+            end = at + len(THINK_CLOSE)
+            self._error(f"found {THINK_CLOSE} without a matching {THINK_OPEN}", max(0, end - _SNIPPET_CHARS), end)
             return
         # The prompt opened the block: everything so far was reasoning, including any
         # tool calls the model drafted while thinking.
@@ -253,54 +335,60 @@ class _Reader:
         """Read one ``<tool_call>`` block; return where reading goes on."""
         text, n = self.text, self.attempts
         # First read the body as JSON, so tags inside argument strings ("<think>",
-        # "</tool_call>") cannot end the block early.
+        # "</tool_call>") cannot end the block early. The decoder gets only the object's
+        # own text (see _object_end), never the rest of the turn.
         json_start = _WHITESPACE.match(text, body_start).end()
         if text.startswith("{", json_start):
-            try:
-                value, json_end = _DECODER.raw_decode(text, json_start)
-            except (ValueError, RecursionError):
-                pass
-            else:
-                close_at = _WHITESPACE.match(text, json_end).end()
-                if text.startswith(CALL_CLOSE, close_at):
-                    end = close_at + len(CALL_CLOSE)
-                    self._accept(value, n, text[block_start:end])
-                    return end
+            json_end = _object_end(text, json_start)
+            if json_end is not None:
+                try:
+                    value, length = _DECODER.raw_decode(text[json_start:json_end])
+                except (ValueError, RecursionError):
+                    pass
+                else:
+                    close_at = _WHITESPACE.match(text, json_start + length).end()
+                    if text.startswith(CALL_CLOSE, close_at):
+                        end = close_at + len(CALL_CLOSE)
+                        self._accept(value, n, block_start, end)
+                        return end
         # Not a well-formed block: the body runs to the next tag, and the error says why.
         match = _TAG.search(text, body_start)
         if match is None or match.group() != CALL_CLOSE:
             # Cut off by the token limit, or the model started something else (another
             # call, a think block) first. Stop at that tag so it is still read.
             end = match.start() if match is not None else len(text)
-            self._error(f"tool call {n} is not closed: end it with {CALL_CLOSE}", text[block_start:end])
+            self._error(f"tool call {n} is not closed: end it with {CALL_CLOSE}", block_start, end)
             return end
+        # The body up to the next tag: a bounded piece, decoded again for the error message.
         body = text[body_start : match.start()].strip()
-        snippet = text[block_start : match.end()]
+        snippet = (block_start, match.end())
         if not body:
-            self._error(f"tool call {n} is empty; {_FORMAT_HINT}", snippet)
+            self._error(f"tool call {n} is empty; {_FORMAT_HINT}", *snippet)
             return match.end()
         try:
-            value = _DECODER.decode(body)
+            value = _decode(body)
         except (ValueError, RecursionError) as exc:
-            self._error(f"tool call {n} is not valid JSON: {_json_error(exc)}; {_FORMAT_HINT}", snippet)
+            self._error(f"tool call {n} is not valid JSON: {_json_error(exc)}; {_FORMAT_HINT}", *snippet)
         else:
-            self._accept(value, n, snippet)
+            self._accept(value, n, *snippet)
         return match.end()
 
-    def _accept(self, value: Any, n: int, snippet: str) -> None:
-        """Check a decoded body's shape; keep it as a call or record why not."""
+    def _accept(self, value: Any, n: int, start: int, end: int) -> None:
+        """Check a decoded body's shape (the block is ``text[start:end]``); keep it as a call
+        or record why not."""
+        snippet = (start, end)
         if not isinstance(value, dict):
-            self._error(f"tool call {n} must be a JSON object, got {_json_type(value)}; {_FORMAT_HINT}", snippet)
+            self._error(f"tool call {n} must be a JSON object, got {_json_type(value)}; {_FORMAT_HINT}", *snippet)
             return
         name = value.get("name")
         if name is None:
-            self._error(f'tool call {n} has no "name"; {_FORMAT_HINT}', snippet)
+            self._error(f'tool call {n} has no "name"; {_FORMAT_HINT}', *snippet)
             return
         if not isinstance(name, str):
-            self._error(f'the "name" of tool call {n} must be a string, got {_json_type(name)}', snippet)
+            self._error(f'the "name" of tool call {n} must be a string, got {_json_type(name)}', *snippet)
             return
         if not name.strip():
-            self._error(f'the "name" of tool call {n} is empty; give the name of one of the tools', snippet)
+            self._error(f'the "name" of tool call {n} is empty; give the name of one of the tools', *snippet)
             return
         if "arguments" not in value:
             arguments: Any = {}  # a tool without parameters is often called this way
@@ -310,15 +398,15 @@ class _Reader:
                 # Qwen models sometimes write the arguments as a JSON-encoded string, the
                 # way the OpenAI API transports them.
                 try:
-                    arguments = _DECODER.decode(arguments)
+                    arguments = _decode(arguments)
                 except (ValueError, RecursionError) as exc:
                     self._error(f'the "arguments" of tool call {n} ({name}) are a string that is not '
                                 f"valid JSON ({_json_error(exc)}); write the arguments as a JSON object",
-                                snippet)
+                                *snippet)
                     return
             if not isinstance(arguments, dict):
                 self._error(f'the "arguments" of tool call {n} ({name}) must be a JSON object, '
-                            f"got {_json_type(arguments)}; {_FORMAT_HINT}", snippet)
+                            f"got {_json_type(arguments)}; {_FORMAT_HINT}", *snippet)
                 return
         self.calls.append(ToolCall(name=name, arguments=arguments))
 

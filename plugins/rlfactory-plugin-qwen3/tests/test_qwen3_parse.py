@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from rlfactory_core.testing import measure_parse
 from rlfactory_core.types import ParsedTurn, ToolCall
 from rlfactory_plugin_qwen3 import Qwen3Parser, format_tool_call
+from rlfactory_plugin_qwen3.parser import MAX_JSON_DEPTH
 
 parser = Qwen3Parser()
 
@@ -339,7 +341,56 @@ def test_long_snippets_are_shortened():
 def test_deeply_nested_json_does_not_raise():
     turn = parser.parse("<tool_call>" + "[" * 100_000 + "]" * 100_000 + "</tool_call>")
     assert turn.tool_calls == []
-    assert len(turn.errors) == 1
+    assert [e.message for e in turn.errors] == [
+        f"tool call 1 is not valid JSON: it is nested more than {MAX_JSON_DEPTH} levels deep; {HINT}"]
+
+
+@pytest.mark.parametrize("as_string", [False, True])
+def test_json_nested_deeper_than_the_limit_is_refused_before_decoding(as_string):
+    """Depths json itself accepts (600 < the recursion limit) would reach tools and break
+    the recursive code after the parser; the limit holds for string-encoded arguments too."""
+    def call(depth):
+        arguments = json.dumps({"a": json.loads("[" * (depth - 1) + "]" * (depth - 1))})
+        return call_text("f", arguments) if as_string else f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>'
+
+    deepest = MAX_JSON_DEPTH if as_string else MAX_JSON_DEPTH - 1  # the call object is a level too
+    assert len(parser.parse(call(deepest)).tool_calls) == 1
+    for depth in (deepest + 1, 600):
+        turn = parser.parse(call(depth))
+        assert turn.tool_calls == []
+        assert [f"nested more than {MAX_JSON_DEPTH} levels deep" in e.message for e in turn.errors] == [True]
+
+
+@pytest.mark.parametrize("unit", [
+    "<tool_call>{",  # the repro of issue 19: 3.8 s at 50,000 blocks when each decode ran to the end
+    '<tool_call>{"a" 1, }\n',  # objects that close and fail to decode, one exception each
+    '<tool_call>{"a" 1, }</tool_call>',
+    '<tool_call>{"name": "f", "arguments": {"s": "</tool_call><tool_call>{',
+    '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
+])
+def test_the_decoder_gets_only_each_blocks_own_text(unit):
+    """The cost that made parsing quadratic was inside failing decodes: each counted lines
+    from the start of all the text it was handed. Counting the characters handed to the
+    decoder sees it; counting decode calls would not."""
+    for blocks in (500, 4000):
+        text = unit * blocks
+        turn, cost = measure_parse(parser, text)
+        assert cost.decoded_chars <= len(text)
+        assert len(turn.errors) + len(turn.tool_calls) == text.count("<tool_call>")
+
+
+def test_a_block_that_is_not_json_still_stops_at_its_own_close_tag():
+    text = '<tool_call>{"name": "f" x}</tool_call> middle <tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    turn = parser.parse(text)
+    assert [c.name for c in turn.tool_calls] == ["g"]
+    assert [e.message.split(":")[0] for e in turn.errors] == ["tool call 1 is not valid JSON"]
+    assert turn.content == "middle"
+
+
+def test_unterminated_string_message_reads_well():
+    [error] = parser.parse('<tool_call>{"name": "f</tool_call>').errors
+    assert error.message.startswith("tool call 1 is not valid JSON: Unterminated string starting at char 9;")
+
 
 
 def test_huge_integer_does_not_raise():

@@ -6,6 +6,7 @@ every plugin does to be found at all.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 
 import pytest
@@ -14,6 +15,7 @@ import rlfactory_plugin_qwen3
 from rlfactory_core import plugins
 from rlfactory_core.errors import UnknownComponentError
 from rlfactory_core.interfaces import check_component
+from rlfactory_core.tools import function_tool
 from rlfactory_core.types import ToolCall, ToolResult
 from rlfactory_plugin_qwen3 import Qwen3Parser, format_tool_call
 
@@ -85,3 +87,24 @@ def test_parser_is_absent_when_external_plugins_are_disabled(fresh_plugins):
 def test_parser_satisfies_the_interface():
     check_component("parser", Qwen3Parser())
     check_component("parser", Qwen3Parser(tool_role="tool"))
+
+
+def test_a_lone_surrogate_escape_never_reaches_the_tool(fresh_plugins):
+    """The parser keeps what the JSON says; the tool manager, the one place every parser's
+    calls go through, refuses text that is not Unicode before the tool runs."""
+    received = []
+
+    def echo(text: str) -> str:
+        """Echo the text."""
+        received.append(text)
+        return text
+
+    parser = plugins.get_component("parser", "qwen3")
+    turn = parser.parse(format_tool_call(ToolCall("echo", {"text": "ok"}))
+                        + '<tool_call>{"name": "echo", "arguments": {"text": "a\\ud800b"}}</tool_call>')
+    assert [c.arguments["text"] for c in turn.tool_calls] == ["ok", "a\ud800b"]
+    manager = plugins.get_component("tool_manager", "concurrent")([function_tool(echo)])
+    good, bad = asyncio.run(manager.call(turn.tool_calls))
+    assert (good.ok, bad.error) == (True, "invalid_arguments")
+    assert "the value of text holds a lone surrogate" in bad.content
+    assert received == ["ok"]
