@@ -86,8 +86,11 @@ class SearchR1Parser:
             if query:
                 calls.append(ToolCall(name=self.tool, arguments={self.argument: query}, id=f"call_{len(calls)}"))
             else:
-                errors.append(ParseError(f"the search is empty; write {SEARCH_OPEN} query {SEARCH_CLOSE}",
-                                         visible[start:end + len(SEARCH_CLOSE)]))
+                # The blank between the tags may be megabytes long: keep at most a snippet's worth.
+                block_end = end + len(SEARCH_CLOSE)
+                snippet = (visible[start:block_end] if block_end - start <= _SNIPPET_CHARS
+                           else f"{SEARCH_OPEN} {SEARCH_CLOSE}")
+                errors.append(ParseError(f"the search is empty; write {SEARCH_OPEN} query {SEARCH_CLOSE}", snippet))
             position = end + len(SEARCH_CLOSE)
         content.append(visible[position:])
         return ParsedTurn(text=text, content="".join(content).strip(), reasoning=reasoning,

@@ -39,6 +39,11 @@ def test_malformed_searches_are_parse_errors_that_tell_the_format(text, message)
     assert "write <search> query </search>" in error.message
 
 
+def test_a_long_blank_search_keeps_a_short_snippet():
+    [error] = parser.parse("<search>" + " \n" * 100_000 + "</search>").errors
+    assert error.message.startswith("the search is empty") and error.snippet == "<search> </search>"
+
+
 def test_parsing_never_raises():
     assert parser.parse(None).errors and parser.parse(42).errors  # type: ignore[arg-type]
 
