@@ -46,6 +46,8 @@ __all__ = [
     "function_tool",
     "ToolArgumentsError",
     "TransientToolError",
+    "invalid_text",
+    "valid_text",
     "QwenAgentTool",
     "resolve_tools",
     "run_in_tool_thread",
@@ -68,6 +70,85 @@ class TransientToolError(Exception):
     The tool manager retries it a bounded number of times, as it does ``ConnectionError``
     and a returned ``ToolResult(error=..., transient=True)``.
     """
+
+
+# -- text that is not Unicode --------------------------------------------------------------
+#
+# A Python str may hold lone surrogates (U+D800-U+DFFF): JSON's "\ud800" escape decodes to
+# one, and bytes decoded with errors="surrogateescape" hold them. They cannot be encoded as
+# UTF-8, so a tool that writes such a string to a file, socket, database or subprocess
+# fails deep inside, and a tokenizer refuses such a tool result outright.
+
+_MAX_PATH_CHARS = 200
+
+
+def _surrogate_at(text: str) -> int | None:
+    """The index of the first character of ``text`` that UTF-8 cannot encode, or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _shown(text: str) -> str:
+    # Escaped, so the message itself can be encoded (and tokenized).
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_TEXT_HOLDERS = (str, dict, list, tuple)
+
+
+def _path(node: tuple | None) -> str:
+    """``a.b[2]`` from the chain of ``(parent, key or index)`` pairs ending at ``node``."""
+    labels = []
+    while node is not None:
+        node, label = node
+        labels.append(f"[{label}]" if isinstance(label, int) else f".{label}")
+    return "".join(reversed(labels)).lstrip(".")
+
+
+def invalid_text(arguments: Any) -> str | None:
+    """Where ``arguments`` hold a string that is not valid Unicode text, written for the
+    model; None when every string in them (keys included, at any depth) encodes as UTF-8.
+
+    Walked with a list, not recursion, so arguments of any depth are checked, and paths
+    are only spelled out for the string at fault. The tool manager calls it before
+    validating a call's arguments: no tool receives such text.
+    """
+    stack: list[tuple[Any, tuple | None]] = [(arguments, None)]
+    while stack:
+        value, node = stack.pop()
+        if isinstance(value, str):
+            at = _surrogate_at(value)
+            if at is not None:
+                where = f"the value of {_path(node)}" if node is not None else "the arguments"
+                return (f"{where[:_MAX_PATH_CHARS]} holds a lone surrogate ({_shown(value[at])} at char {at}), "
+                        "which is not valid Unicode text; write the character itself, or both halves of a "
+                        "surrogate pair (\\ud83d\\ude00)")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                key_text = key if isinstance(key, str) else str(key)
+                at = _surrogate_at(key_text)
+                if at is not None:
+                    where = f"the key '{_shown(key_text)}'" + (f" in {_path(node)}" if node is not None else "")
+                    return (f"{where[:_MAX_PATH_CHARS]} holds a lone surrogate ({_shown(key_text[at])} at char "
+                            f"{at}), which is not valid Unicode text; write the character itself")
+                if isinstance(item, _TEXT_HOLDERS):
+                    stack.append((item, (node, key_text)))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((item, (node, index)) for index, item in enumerate(value) if isinstance(item, _TEXT_HOLDERS))
+    return None
+
+
+def valid_text(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (a pair of surrogates kept as
+    the one character it stands for)."""
+    if _surrogate_at(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 # -- the thread pool for sync tools -------------------------------------------------------

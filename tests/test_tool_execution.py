@@ -532,6 +532,46 @@ async def test_function_tools_are_validated_by_their_own_validate():
     assert (good.content, runs) == ("3", [(1, 2)])
 
 
+async def test_no_tool_receives_text_that_is_not_unicode():
+    """A JSON "\\ud800" escape decodes to a lone surrogate, which no file, socket or database
+    takes: the manager refuses it before any tool (schema-checked or function) runs."""
+    runs = []
+
+    def echo(text: str, items: list = []) -> str:  # noqa: B006 - never mutated
+        """Echo the text."""
+        runs.append(text)
+        return text
+
+    weather = WeatherTool()
+    manager = ConcurrentToolManager([function_tool(echo), weather])
+    results = await manager.call([
+        ToolCall("echo", {"text": "a\ud800b"}),
+        ToolCall("echo", {"text": "ok", "items": [{"deep": ["x", "\udfff"]}]}),
+        ToolCall("weather", {"city": "Oslo", "\udc80": 1}),
+        ToolCall("weather", {"city": "Oslo\ud83d"}),
+        ToolCall("echo", {"text": "fine: é \U0001F600"}),
+    ])
+    assert [r.error for r in results] == ["invalid_arguments"] * 4 + [None]
+    assert results[0].content == (
+        "Error: invalid arguments for echo: the value of text holds a lone surrogate (\\ud800 at char 1), which "
+        "is not valid Unicode text; write the character itself, or both halves of a surrogate pair (\\ud83d\\ude00)")
+    assert "the value of items[0].deep[1] holds a lone surrogate (\\udfff at char 0)" in results[1].content
+    assert "the key '\\udc80' holds a lone surrogate" in results[2].content
+    assert "the value of city holds a lone surrogate" in results[3].content
+    assert runs == ["fine: é \U0001F600"] and weather.runs == 0
+    for result in results:
+        result.content.encode("utf-8")  # the messages themselves can be tokenized
+
+
+async def test_tool_results_that_are_not_unicode_reach_the_model_as_replacement_characters():
+    def undecodable() -> str:
+        """Bytes decoded with surrogateescape, as os.listdir or a subprocess may give."""
+        return b"caf\xe9".decode("utf-8", "surrogateescape")
+
+    [result] = await ConcurrentToolManager([function_tool(undecodable)]).call([ToolCall("undecodable", {})])
+    assert result.ok and result.content == "caf\ufffd"
+
+
 async def test_a_tool_with_an_invalid_schema_is_called_unchecked(caplog):
     class Loose(WeatherTool):
         name = "loose"

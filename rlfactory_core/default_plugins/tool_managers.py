@@ -16,7 +16,7 @@ from typing import Any, Collection, Mapping, Sequence
 from ..errors import ConfigError, DuplicateComponentError, RegistrationError
 from ..hookspecs import hookimpl
 from ..interfaces import check_component
-from ..tools import ToolArgumentsError, TransientToolError
+from ..tools import ToolArgumentsError, TransientToolError, invalid_text, valid_text
 from ..types import ToolCall, ToolResult
 
 __all__ = ["ConcurrentToolManager", "ERROR_KINDS"]
@@ -46,8 +46,10 @@ class ConcurrentToolManager:
     * ``unknown_tool``: no tool has the called name, or the episode does not offer it
       (``ctx["tool_names"]``, set by the rollout to the names of the tools the env's
       ``reset`` returned; the tools themselves must be among the manager's);
-    * ``invalid_arguments``: the arguments fail the tool's ``validate()`` (function tools)
-      or, for other tools, its ``parameters`` JSON schema; checked before the call;
+    * ``invalid_arguments``: the arguments hold a string that is not valid Unicode (a lone
+      surrogate, e.g. from the JSON escape ``"\\ud800"``: no tool ever receives one), or
+      fail the tool's ``validate()`` (function tools) or, for other tools, its
+      ``parameters`` JSON schema; checked before the call;
     * ``timeout``: an attempt ran longer than ``timeout_s``;
     * ``exception``: the tool raised;
     * ``tool_error``: the tool returned a ``ToolResult`` with ``error`` set (its own error
@@ -211,6 +213,10 @@ class ConcurrentToolManager:
             log.exception("tool manager failed on a call of %r", call.name)
             result = _failure(call.name, "exception", f"Error: {call.name} failed: {_describe(exc)}")
         result.call_id = call.id
+        if isinstance(result.content, str):
+            # Lone surrogates (bytes decoded with surrogateescape, an echoed exception) would
+            # make the observation impossible to tokenize; the model sees U+FFFD instead.
+            result.content = valid_text(result.content)
         if result.error is not None:
             self._count(f"tool_errors/{result.error}")
         return result
@@ -234,6 +240,9 @@ class ConcurrentToolManager:
 
     def _validate(self, tool: Any, arguments: Any) -> str | None:
         """The problem with ``arguments``, written for the model, or None when they are valid."""
+        problem = invalid_text(arguments)
+        if problem is not None:
+            return f"invalid arguments for {tool.name}: {problem}"
         validate = getattr(tool, "validate", None)
         if callable(validate):
             try:
