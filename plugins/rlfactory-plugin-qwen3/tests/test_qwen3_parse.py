@@ -351,7 +351,9 @@ def test_json_nested_deeper_than_the_limit_is_refused_before_decoding(as_string)
     the recursive code after the parser; the limit holds for string-encoded arguments too."""
     def call(depth):
         arguments = json.dumps({"a": json.loads("[" * (depth - 1) + "]" * (depth - 1))})
-        return call_text("f", arguments) if as_string else f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>'
+        if as_string:
+            return call_text("f", arguments)
+        return f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>'
 
     deepest = MAX_JSON_DEPTH if as_string else MAX_JSON_DEPTH - 1  # the call object is a level too
     assert len(parser.parse(call(deepest)).tool_calls) == 1
