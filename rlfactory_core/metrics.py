@@ -310,7 +310,13 @@ class LiveView:
 
     def __enter__(self) -> LiveView:
         if self.enabled and self._live is None:
-            self._live = Live(self, console=self.console, refresh_per_second=4)
+            from .logs import active_capture
+
+            # Live would route sys.stdout / sys.stderr into the view; while they go to the
+            # run's log (rlfactory_core.logs), third-party prints must stay there.
+            routed = active_capture() is None
+            self._live = Live(self, console=self.console, refresh_per_second=4, redirect_stdout=routed,
+                              redirect_stderr=routed)
             self._live.start()
         return self
 
