@@ -129,14 +129,15 @@ def test_length_reward_rejects_an_empty_budget():
 
 def test_env_runs_an_episode_from_its_dataset():
     env = plugins.get_component("env", "{{ slug }}")()
-    sample = env.dataset()[0]
+    sample = env.dataset(1)[0]
 
     async def episode():
         reset = await env.reset(sample)
         try:
             assert [message.role for message in reset.messages] == ["system", "user"]
             assert sample["text"] in reset.messages[1].content
-            assert [tool.name for tool in reset.tools] == ["{{ slug }}_word_count"]
+            # the tools a run's tool manager serves are the env's `tools`: offer those
+            assert [tool.name for tool in reset.tools] == [tool.name for tool in env.tools] == ["{{ slug }}_word_count"]
 
             call = ToolCall(name="{{ slug }}_word_count", arguments={"text": sample["text"]}, id="call_0")
             result = await reset.tools[0].call(call.arguments)
@@ -160,13 +161,25 @@ def test_env_runs_an_episode_from_its_dataset():
 
 def test_env_answers_in_its_dataset_are_right():
     env = plugins.get_component("env", "{{ slug }}")()
-    for sample in env.dataset():
+    for sample in env.dataset(32, "train") + env.dataset(32, "test"):
         assert sample["answer"] == str(len(sample["text"].split())), sample["id"]
+
+
+def test_env_splits_are_fixed_and_share_no_text():
+    """`rlf train` trains on `dataset(size, "train")` and evaluates on `dataset(size, "test")`."""
+    env = plugins.get_component("env", "{{ slug }}")()
+    train, test = env.dataset(200, "train"), env.dataset(50, "test")
+    assert len(train) == 200 and len(test) == 50
+    assert not {s["text"] for s in train} & {s["text"] for s in test}
+    assert env.dataset(200, "train") == train  # the same samples every time
+    assert plugins.get_component("env", "{{ slug }}")(seed=1).dataset(200, "train") != train
+    with pytest.raises(ValueError, match="validation"):
+        env.dataset(4, "validation")
 
 
 def test_env_gives_feedback_on_unreadable_calls_and_stops_at_max_turns():
     env = plugins.get_component("env", "{{ slug }}")(max_turns=2)
-    sample = env.dataset()[0]
+    sample = env.dataset(1)[0]
     call = ToolCall(name="{{ slug }}_word_count", arguments={"text": sample["text"]})
 
     async def episode():

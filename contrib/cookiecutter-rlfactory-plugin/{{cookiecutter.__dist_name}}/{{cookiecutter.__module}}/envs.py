@@ -6,12 +6,18 @@ results (rendered by the parser); the env decides whether the episode goes on. T
 turn without tool calls ends it, and that turn's text is the final answer. A turn whose
 tool calls could not be parsed gets a feedback message instead, so the model can fix them.
 
-``dataset()`` returns a few built-in samples; their ``answer`` key is what RLFactory's
-built-in ``exact_match`` reward compares the final answer with.
+What a training run reads from an env: ``tools`` (the tools the model may call: the run's
+tool manager serves these), ``dataset(size, split)`` (its samples; ``rlf train`` asks for
+``train`` and evaluates on ``test``), and ``reset`` / ``step`` / ``close`` for each episode.
+Each sample's ``answer`` key is what RLFactory's built-in ``exact_match`` reward (the
+default) compares the final answer with. With your own data in JSONL files
+(``data.train_file=...``, ``data.eval_file=...``), each line is a sample like these.
 """
 
 from __future__ import annotations
 
+import random
+import zlib
 from typing import Any, Sequence
 
 from rlfactory_core import function_tool
@@ -19,42 +25,58 @@ from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample,
 
 from .tools import {{ cookiecutter.__slug }}_word_count
 
-__all__ = ["WordCountEnv", "SAMPLES"]
+__all__ = ["WordCountEnv", "WORDS", "SPLITS"]
 
 SYSTEM_PROMPT = (
     "You answer questions about texts. Use the tools you are given to be exact, "
     "then reply with the answer alone, without a tool call."
 )
 
-#: The built-in samples: an ``id``, the ``text`` to ask about and the expected ``answer``.
-SAMPLES: tuple[dict[str, str], ...] = (
-    {"id": "{{ cookiecutter.__slug }}-1", "text": "The quick brown fox jumps over the lazy dog.", "answer": "9"},
-    {"id": "{{ cookiecutter.__slug }}-2", "text": "Tools turn guesses into facts.", "answer": "5"},
-    {"id": "{{ cookiecutter.__slug }}-3", "text": "Reward what works, and train on it again.", "answer": "8"},
+#: The words the sample texts are made of.
+WORDS: tuple[str, ...] = (
+    "tools", "turn", "guesses", "into", "facts", "reward", "what", "works", "and", "train", "on", "it",
+    "again", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "models", "learn", "by", "doing",
 )
+SPLITS = ("train", "test")
 
 
+def _split_of(text: str) -> str:
+    """One text in five is held out for testing, decided by the text itself: the splits
+    never share a text, whatever their sizes."""
+    return "test" if zlib.crc32(text.encode()) % 5 == 0 else "train"
 class WordCountEnv:
     """Asks how many words a text has and offers the word-count tool to find out.
 
     Registered as a class: each run builds it with the env options from the config, here
     ``max_turns`` (default 4), after which the episode ends even if the model keeps calling
-    tools (then without a final answer). Per-trajectory state is a plain dict returned by
-    :meth:`reset` and passed back to :meth:`step` and :meth:`close`.
+    tools (then without a final answer), and ``seed`` (default 0), which picks the samples.
+    Per-trajectory state is a plain dict returned by :meth:`reset` and passed back to
+    :meth:`step` and :meth:`close`.
     """
 
     name = "{{ cookiecutter.__slug }}"
     description = "Count the words of a short text with the {{ cookiecutter.__slug }}_word_count tool, then answer with the number."
 
-    def __init__(self, max_turns: int = 4):
+    def __init__(self, max_turns: int = 4, seed: int = 0):
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
         self.max_turns = max_turns
-        self.tool = function_tool({{ cookiecutter.__slug }}_word_count)
+        self.seed = seed
+        self.tools = [function_tool({{ cookiecutter.__slug }}_word_count)]
 
-    def dataset(self) -> list[dict[str, str]]:
-        """The built-in samples (copies, so callers may change them)."""
-        return [dict(sample) for sample in SAMPLES]
+    def dataset(self, size: int = 64, split: str = "train") -> list[dict[str, str]]:
+        """``size`` samples of ``split`` (``train`` or ``test``): texts of 3 to 12 words, the
+        same ones for the same ``seed``, with an ``id``, the ``text`` and the ``answer``."""
+        if split not in SPLITS:
+            raise ValueError(f"the {self.name} env has the splits {', '.join(SPLITS)}, not {split!r}")
+        rng = random.Random(f"{self.seed}:{split}")
+        samples = []
+        while len(samples) < size:
+            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
+            if _split_of(text) == split:
+                samples.append({"id": f"{self.name}-{split}-{self.seed}-{len(samples)}", "text": text,
+                                "answer": str(len(text.split()))})
+        return samples
 
     async def reset(self, sample: Sample) -> EnvReset:
         """Open an episode: the system prompt, the question about ``sample["text"]``, the tool."""
@@ -63,7 +85,7 @@ class WordCountEnv:
         question = f"How many words are in this text?\n\n{sample['text']}"
         return EnvReset(
             messages=[Message(role="system", content=SYSTEM_PROMPT), Message(role="user", content=question)],
-            tools=[self.tool],
+            tools=list(self.tools),
             state={"sample_id": str(sample.get("id", "")), "turns": 0},
         )
 
