@@ -4,8 +4,10 @@ Everything that reads SQL without running it lives here, and uses ``sqlglot`` (S
 dialect) where SQL must be parsed or normalised:
 
 * :func:`check_query` is the first layer of the sandbox (:mod:`rlfactory_nl2sql.sandbox`):
-  one statement, and it must be a query (``SELECT``, ``WITH ...``, ``VALUES``). It only makes
-  the refusal message clear; the read-only connection and the authorizer enforce it.
+  text SQLite can take (at most :data:`MAX_SQL_BYTES` of UTF-8, no NUL), checked before
+  anything parses it, then one statement, and it must be a query (``SELECT``, ``WITH ...``,
+  ``VALUES``). The statement rules only make the refusal message clear; the read-only
+  connection and the authorizer enforce them.
 * :func:`orders_rows` tells whether a query orders its result at the top level (the
   reward then compares rows in order).
 * :func:`extract_sql` finds the final SQL in a model turn: the last ``<answer>...</answer>``
@@ -15,10 +17,12 @@ dialect) where SQL must be parsed or normalised:
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from typing import Literal
 
 __all__ = [
     "QueryError",
+    "MAX_SQL_BYTES",
     "QUERY_KEYWORDS",
     "check_query",
     "orders_rows",
@@ -29,12 +33,15 @@ __all__ = [
     "AnswerForm",
 ]
 
+#: Longest SQL text accepted, in bytes of UTF-8 (also SQLite's SQLITE_LIMIT_SQL_LENGTH).
+MAX_SQL_BYTES = 100_000
 #: The first keyword of a statement the sandbox runs.
 QUERY_KEYWORDS = ("SELECT", "WITH", "VALUES")
 
 AnswerForm = Literal["answer_tag", "sql_block"]
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_ANSWER_OPEN = re.compile(r"<answer>", re.I)
+_ANSWER_CLOSE = re.compile(r"</answer>", re.I)
 _SQL_BLOCK = re.compile(r"```[ \t]*sql[ \t]*\n?(.*?)```", re.S | re.I)
 _ANY_BLOCK = re.compile(r"^\s*```[^\n`]*\n?(.*?)```\s*$", re.S)
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
@@ -67,14 +74,45 @@ def _tokens(sql: str) -> list[tuple[str, str]] | None:
         return None
 
 
+def check_text(sql: object) -> str:
+    """``sql`` if it is text SQLite can take, else :class:`QueryError`; costs one pass over
+    the text at most, so that it runs before anything parses the SQL (sqlglot's tokenizer
+    takes seconds and gigabytes on megabytes of text).
+
+    Kinds: ``empty`` (not text, or only white space), ``too_large`` (more than
+    :data:`MAX_SQL_BYTES` bytes) and ``sql_error`` (a character UTF-8 cannot encode, such as
+    a lone surrogate from a JSON ``\\ud800`` escape, or a NUL character, which would cut the
+    statement short in SQLite).
+    """
+    if not isinstance(sql, str):
+        raise QueryError("empty", "the query is empty; write one SELECT statement")
+    too_long = f"the SQL text is longer than the limit of {MAX_SQL_BYTES:,} bytes; write a shorter query"
+    if len(sql) > MAX_SQL_BYTES:  # every character is at least one byte of UTF-8
+        raise QueryError("too_large", too_long)
+    if not sql.strip():
+        raise QueryError("empty", "the query is empty; write one SELECT statement")
+    try:
+        size = len(sql.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise QueryError("sql_error", f"the query holds a character that is not valid text "
+                                      f"(U+{ord(sql[exc.start]):04X}, a lone surrogate, at position {exc.start}); "
+                                      "write the query as plain text") from None
+    if size > MAX_SQL_BYTES:
+        raise QueryError("too_large", too_long)
+    if "\x00" in sql:
+        raise QueryError("sql_error", f"the query holds a NUL character (at position {sql.index(chr(0))}); "
+                                      "remove it")
+    return sql
+
+
 def check_query(sql: object) -> str:
     """``sql`` stripped, if it is one query statement; else :class:`QueryError`.
 
-    Kinds: ``empty``, ``multiple_statements`` (a second statement after a ``;``) and
-    ``not_a_query`` (the statement does not start with SELECT, WITH or VALUES).
+    Kinds: those of :func:`check_text` (checked first), ``empty``, ``multiple_statements``
+    (a second statement after a ``;``) and ``not_a_query`` (the statement does not start
+    with SELECT, WITH or VALUES).
     """
-    if not isinstance(sql, str) or not sql.strip():
-        raise QueryError("empty", "the query is empty; write one SELECT statement")
+    sql = check_text(sql)
     tokens = _tokens(sql)
     if tokens is not None:
         statements: list[list[tuple[str, str]]] = [[]]
@@ -115,13 +153,30 @@ def orders_rows(sql: str) -> bool:
                     return True
                 root = root.this
             return bool(root.args.get("order"))
-    except Exception:  # noqa: BLE001 - sqlglot does not know every SQLite construct
+    except Exception:  # noqa: BLE001 - sqlglot does not know every SQLite construct (RecursionError too)
         pass
+    return re.search(r"\border\s+by\b", _top_level(sql), re.I) is not None
+
+
+def _top_level(sql: str) -> str:
+    """``sql`` with string literals emptied and every balanced parenthesised part replaced
+    by ``()`` (unbalanced parentheses stay), in one pass: a loop of innermost-first
+    substitutions is quadratic in the nesting depth."""
     text = re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", "''", sql)
-    previous = None
-    while previous != text:  # drop innermost parentheses until none are left
-        previous, text = text, re.sub(r"\([^()]*\)", "()", text)
-    return re.search(r"\border\s+by\b", text, re.I) is not None
+    opened: list[int] = []
+    pairs: list[tuple[int, int]] = []
+    for match in re.finditer(r"[()]", text):
+        if match.group() == "(":
+            opened.append(match.start())
+        elif opened:
+            pairs.append((opened.pop(), match.start()))
+    kept, end = [], 0
+    for start, stop in sorted(pairs):
+        if start >= end:  # an outermost pair: the pairs inside it end before it does
+            kept.append(text[end:start] + "()")
+            end = stop + 1
+    kept.append(text[end:])
+    return "".join(kept)
 
 
 def normalise_sql(sql: str) -> str:
@@ -167,9 +222,25 @@ def extract_sql(text: str | None) -> tuple[str, AnswerForm | None]:
     if not isinstance(text, str):
         return "", None
     visible = _THINK.sub("", text)
-    for pattern, form in ((_ANSWER, "answer_tag"), (_SQL_BLOCK, "sql_block")):
-        found = [_clean(m) for m in pattern.findall(visible)]
-        found = [sql for sql in found if sql]
+    for found, form in ((_answer_tags(visible), "answer_tag"), (_SQL_BLOCK.findall(visible), "sql_block")):
+        found = [sql for sql in map(_clean, found) if sql]
         if found:
             return found[-1], form  # type: ignore[return-value]
     return "", None
+
+
+def _answer_tags(text: str) -> list[str]:
+    """The contents of the ``<answer>...</answer>`` pairs of ``text``, left to right (what
+    ``re.findall(r"<answer>(.*?)</answer>")`` gives), in linear time: that regex scans to
+    the end of the text from every ``<answer>`` that is never closed."""
+    closes = [m.start() for m in _ANSWER_CLOSE.finditer(text)]
+    found, end, k = [], 0, 0
+    for opening in _ANSWER_OPEN.finditer(text):
+        if opening.start() < end:  # inside the previous pair
+            continue
+        k = bisect_left(closes, opening.end(), k)
+        if k == len(closes):
+            break  # no pair opens after the last closing tag
+        found.append(text[opening.end():closes[k]])
+        end = closes[k] + len("</answer>")
+    return found
