@@ -56,6 +56,7 @@ class RunStopper:
         self._phase: asyncio.Future | None = None
         self._step = 0  # the step in progress (0: none yet)
         self._finished = 0  # the last finished step
+        self._updated = False  # the step in progress has its update: it is finished, not dropped
 
     @property
     def requested(self) -> bool:
@@ -87,7 +88,11 @@ class RunStopper:
 
     def at(self, step: int, *, finished: int) -> None:
         """Step ``step`` is in progress (0: none yet); ``finished`` is the last finished one."""
-        self._step, self._finished = step, finished
+        self._step, self._finished, self._updated = step, finished, False
+
+    def updated(self) -> None:
+        """The step in progress has its update: a stop request finishes and saves it."""
+        self._updated = True
 
     async def droppable(self, phase: Awaitable[T]) -> T:
         """Await ``phase``; raise :class:`PhaseDropped` if a stop request cancels it (or
@@ -121,7 +126,12 @@ class RunStopper:
         again = "Ctrl-C again" if signum == signal.SIGINT else "signal again"
         if self.signum is None:
             self.signum = signum
-            if self._phase is not None:
+            if self._updated:
+                if self._phase is not None:
+                    self._phase.cancel()
+                self._say(f"stopping: step {self._step} is saved{' without its eval' if self._phase else ''}; "
+                          f"{again} to stop without saving")
+            elif self._phase is not None:
                 self._phase.cancel()
                 if self._step == 0:
                     self._say(f"stopping: no step has finished, nothing to save; {again} to stop at once")

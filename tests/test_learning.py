@@ -7,11 +7,14 @@ CPU (about 4 minutes with vLLM) lift that clearly; measured on the same held-out
 before and after, at the training temperature.
 """
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
-from rlfactory_core.config import load_config
 from rlfactory_core.metrics import read_metrics
-from rlfactory_core.trainer import train
 
 pytest.importorskip("vllm")
 
@@ -26,8 +29,14 @@ LEARNING_RUN = [
 
 @pytest.mark.slow
 def test_grpo_improves_held_out_accuracy_of_the_default_model(tmp_path):
-    config = load_config([], [*LEARNING_RUN, f"run_dir={tmp_path / 'run'}"])
-    run_dir = train(config)
+    # Through `rlf train`, as a user runs it: its terminal output is checked too.
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "RLFACTORY_DEBUG"}
+    result = subprocess.run([sys.executable, "-m", "rlfactory_cli", "train", "--env", "arithmetic", "--run-dir",
+                             str(run_dir), *LEARNING_RUN], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=1800)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    _check_engine_output_is_in_the_log_only(result, run_dir)
     records = read_metrics(run_dir)
     before, after = records[0], records[-1]
     assert before["step"] == 0 and after["step"] == 5
@@ -36,3 +45,14 @@ def test_grpo_improves_held_out_accuracy_of_the_default_model(tmp_path):
     assert gain >= 0.15, (before["eval/reward/accuracy"], after["eval/reward/accuracy"])
     # the policy learned to use the tool, not something else
     assert after["eval/tools/trajectories_with_calls"] >= before["eval/tools/trajectories_with_calls"]
+
+
+def _check_engine_output_is_in_the_log_only(result, run_dir):
+    """vLLM's warnings (from this process and its engine-core and worker processes), torch's
+    and Python's: none on the terminal, all in the run's log (rlfactory_core.logs)."""
+    third_party = re.compile(r"WARNING|Warning:|Triton|NUMA|LD_PRELOAD|EngineCore|vLLM|\[W\d")
+    shown = [line for line in (result.stdout + result.stderr).splitlines() if third_party.search(line)]
+    assert shown == []
+    log = (run_dir / "log.txt").read_text()
+    assert "(EngineCore" in log and "WARNING" in log
+    assert "starting vLLM" in log  # rlfactory's own INFO records: in the log, not on the terminal

@@ -381,32 +381,6 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     assert latest_checkpoint(run_dir).name == "step-000003"
 
 
-@pytest.mark.slow
-def test_sigint_between_steps_checkpoints_the_finished_step(tmp_path):
-    run_dir = tmp_path / "run"
-    args = ["train", "--env", "arithmetic", "--run-dir", str(run_dir), *SMALL_RUN, "train.steps=50",
-            "eval.every=0", "checkpoint.every=1000", "logging.tensorboard=false"]
-    log = tmp_path / "train.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", *args], stdout=out,
-                                   stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline and len(read_metrics(run_dir)) < 2 and process.poll() is None:
-            time.sleep(0.5)  # eval at step 0, then step 1
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=600)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    output = log.read_text()
-    assert process.returncode == 1, output[-2000:]
-    assert "interrupted; resume with `rlf train --resume" in output
-    newest = latest_checkpoint(run_dir)
-    assert newest is not None and int(newest.name.split("-")[1]) >= 1
-
-
 def test_cli_reports_config_errors_all_at_once(rlf):
     code, out, err = rlf("train", "--env", "arithmetic", "train.lr=-1", "grpo.group_size=1", "bogus.key=3")
     assert code == 1
