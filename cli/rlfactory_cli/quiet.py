@@ -61,7 +61,7 @@ def engine_output_to_log() -> Iterator[None]:
             return
         out.file, err.file = capture.stdout, capture.stderr
         try:
-            with _rlfactory_info_to_log(), _crashes_shown(capture.stderr):
+            with _rlfactory_details_to_log(), _crashes_shown(capture.stderr):
                 yield
         except BaseException as exc:
             failed = _engine_may_be_to_blame(exc)
@@ -78,9 +78,10 @@ def engine_output_to_log() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _rlfactory_info_to_log() -> Iterator[None]:
-    """rlfactory's own INFO records ("starting vLLM ...") go to the log as well; the
-    terminal keeps its warnings and errors."""
+def _rlfactory_details_to_log() -> Iterator[None]:
+    """rlfactory's own records go to the log too, DEBUG ones included (the engine's start
+    options, a failed prefill's traceback); the terminal keeps INFO and above (progress of a
+    long first-use build, warnings, errors)."""
     import logging
     import sys
 
@@ -89,14 +90,17 @@ def _rlfactory_info_to_log() -> Iterator[None]:
     logger = logging.getLogger("rlfactory")
     shown = [h for h in logger.handlers if isinstance(h, RichHandler)]
     levels = [h.level for h in shown]
+    previous = logger.level
     to_log = logging.StreamHandler(sys.stderr)  # descriptor 2: the log
     to_log.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     for handler in shown:
-        handler.setLevel(max(handler.level, logging.WARNING))
+        handler.setLevel(max(handler.level, logging.INFO))
     logger.addHandler(to_log)
+    logger.setLevel(logging.DEBUG)
     try:
         yield
     finally:
+        logger.setLevel(previous)
         logger.removeHandler(to_log)
         for handler, level in zip(shown, levels):
             handler.setLevel(level)

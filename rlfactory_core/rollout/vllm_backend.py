@@ -447,8 +447,8 @@ class VLLMBackend:
         except TypeError as exc:
             raise ConfigError([f"backend vllm: {one_line(exc)}"],
                               hint="extra options must be fields of vllm.AsyncEngineArgs") from exc
-        log.info("starting vLLM for %s (%s)", self._model_name,
-                 ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "model"))
+        log.info("starting vLLM for %s", self._model_name)
+        log.debug("vLLM engine options: %s", ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "model"))
         try:
             self._engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # noqa: BLE001 - startup failures become one line plus a hint
@@ -715,7 +715,7 @@ def _remove_orphaned_staging(root: str) -> list[Path]:
         if not path.exists():
             removed.append(path)
     if removed:
-        log.info("removed %d weight staging directories of finished processes from %s", len(removed), root)
+        log.debug("removed %d weight staging directories of finished processes from %s", len(removed), root)
     return removed
 
 
