@@ -192,7 +192,8 @@ def _default_model() -> Check:
 
 def _chat_template(model: Optional[str]) -> Check:
     """Whether ``model``'s chat template gives token-exact trajectories (the rollout's
-    observation deltas, checked against re-tokenizing the rendered conversation)."""
+    observation deltas, checked against re-tokenizing the rendered conversation) in which a
+    tool result holding the template's own markup stays text (adds no special token)."""
     from rlfactory_core.errors import RLFactoryError
     from rlfactory_core.models import DEFAULT_MODEL, is_prepared
 

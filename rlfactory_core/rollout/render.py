@@ -182,6 +182,8 @@ class ChatTemplate:
         try:
             pictures = [as_pil_image(image) for image in images]
             encoded = self.processor(text=[text], images=pictures, add_special_tokens=False)
+        except StopIteration:  # how transformers' processors meet more placeholders than images
+            raise _images_mismatch(images, "the text has more image placeholders than images") from None
         except (ValueError, TypeError) as exc:
             raise _images_mismatch(images, one_line(exc)) from None
         return [int(i) for i in encoded["input_ids"][0]]
