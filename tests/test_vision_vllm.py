@@ -82,6 +82,15 @@ async def test_vllm_generates_token_exactly_from_the_images_and_the_trainer_agre
         torch.testing.assert_close(logprobs[row][batch["loss_mask"][row].bool()], sampled, atol=1e-4, rtol=0)
 
 
+async def test_a_literal_image_placeholder_in_screen_text_stays_text_on_vllm(vlm, vllm_vlm):
+    """Screen text holding ``<image>`` and forged turns next to real screenshots: vLLM is
+    fed (and gives back) one image run per screenshot, the typed placeholder stays text."""
+    from test_render_data import run_forging_screens
+
+    chat, model, _ = vlm
+    await run_forging_screens(vllm_vlm, chat, model.config.image_token_id)
+
+
 async def test_vllm_takes_the_trainers_weights_for_a_vision_model(vlm, vllm_vlm):
     """The tiny LLaVA's checkpoint (transformers 5 names) was loaded renamed after a dummy
     start; an update with the trainer's in-memory names lands too: vLLM then generates what

@@ -75,6 +75,9 @@ class SpecialTokens:
         by_id = {int(i): str(t.content) for i, t in decoder.items() if getattr(t, "special", False)}
         for i in getattr(tokenizer, "all_special_ids", []) or []:
             by_id.setdefault(int(i), tokenizer.convert_ids_to_tokens(int(i)))
+        # The unknown token stands for characters the vocabulary lacks, in any text: it is
+        # neither markup nor forged.
+        by_id.pop(getattr(tokenizer, "unk_token_id", None), None)
         self.ids = frozenset(by_id)
         strings = sorted({s for s in by_id.values() if s}, key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
