@@ -27,7 +27,10 @@ _MARKER_RE = re.compile(r"RlfData(\d+)Slot")
 
 def _text_paths(message: dict[str, Any], at: Path) -> Iterator[Path]:
     """Paths of the strings in a message dict that are content: ``content`` (a string, or
-    the ``text`` of its parts) and the string values of ``tool_calls`` arguments."""
+    the ``text`` of its parts), ``name`` (a tool's name comes from whoever serves the tool,
+    an MCP server say) and the string values of ``tool_calls`` arguments."""
+    if isinstance(message.get("name"), str):
+        yield (*at, "name")
     content = message.get("content")
     if isinstance(content, str):
         yield (*at, "content")
