@@ -24,6 +24,7 @@ __all__ = [
     "QueryError",
     "MAX_SQL_BYTES",
     "QUERY_KEYWORDS",
+    "check_text",
     "check_query",
     "orders_rows",
     "normalise_sql",
