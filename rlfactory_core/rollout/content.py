@@ -102,7 +102,8 @@ class SpecialTokens:
             return True
         if self._normalizer is not None and self._pattern.search(self._normalizer.normalize_str(text)):
             return True
-        return any(text[-k:] in self._heads or text[:k] in self._tails for k in range(1, min(len(text), self._longest - 1) + 1))
+        reach = min(len(text), self._longest - 1)
+        return any(text[-k:] in self._heads or text[:k] in self._tails for k in range(1, reach + 1))
 
     def encode(self, text: str, data: Sequence[Span]) -> list[int]:
         """Ids of ``text`` with special tokens recognised only outside the ``data`` spans.
