@@ -60,6 +60,10 @@ class _Worker:
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.fd = self.proc.stdin, self.proc.stdout.fileno()
+        # poll, not select: a training process holds many descriptors, and select() refuses
+        # those numbered past 1023
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
         if self._read(time.monotonic() + _START_TIMEOUT_S) != b"ready":
             code = self.kill()
             raise QueryError("sql_error", f"the SQL worker process did not start (exit code {code}): "
@@ -69,7 +73,7 @@ class _Worker:
         data = bytearray()
         while len(data) < n:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+            if left <= 0 or not self.poller.poll(max(1, int(left * 1000))):
                 raise TimeoutError
             chunk = os.read(self.fd, n - len(data))
             if not chunk:

@@ -7,6 +7,7 @@ QueryError with a one-line message: a tool error ``sql_<kind>`` for the model, a
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 from pathlib import Path
@@ -193,9 +194,32 @@ def test_a_single_slow_function_call_is_stopped_at_the_time_limit(db, sql):
     assert run_query(db, "SELECT COUNT(*) FROM singer").rows == [(6,)]
 
 
+def test_queries_run_in_a_process_holding_many_file_descriptors(db):
+    """A training process holds many descriptors; the pipe of a new worker may be numbered
+    past 1023, where select() fails (the wait uses poll)."""
+    import resource
+
+    from rlfactory_nl2sql import sqlworker
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        sqlworker._stop_idle()  # the next query starts a worker, whose pipes come after `held`
+        assert run_query(db, "SELECT COUNT(*) FROM singer").rows == [(6,)]
+        assert failure(db, "SELECT instr(printf('%.*c', 2000000, 'a'), printf('%.*c', 100000, 'a') || 'b')",
+                       QueryLimits(time_limit_s=0.2)).kind == "timeout"
+    finally:
+        for fd in held:
+            os.close(fd)
+        sqlworker._stop_idle()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_memory_is_limited(db):
     columns = ", ".join(["randomblob(9000000)"] * 30)  # 270 MB in one row
-    error = failure(db, f"SELECT {columns}", QueryLimits(max_memory_bytes=200 * 2 ** 20))
+    error = failure(db, f"SELECT {columns}", QueryLimits(time_limit_s=60, max_memory_bytes=200 * 2 ** 20))
     assert error.kind == "too_large" and "more memory than the limit of 200 MiB" in str(error)
     assert run_query(db, "SELECT COUNT(*) FROM singer").rows == [(6,)]
 
