@@ -64,10 +64,14 @@ class _Worker:
         # those numbered past 1023
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
-        if self._read(time.monotonic() + _START_TIMEOUT_S) != b"ready":
+        try:
+            ready = self._read(time.monotonic() + _START_TIMEOUT_S) == b"ready"
+        except TimeoutError:
+            ready = False
+        if not ready:  # the machine's problem, not the query's: not a QueryError, which the reward scores 0
             code = self.kill()
-            raise QueryError("sql_error", f"the SQL worker process did not start (exit code {code}): "
-                                          f"{sys.executable} -I -S could not run rlfactory_nl2sql.sqlworker")
+            raise RuntimeError(f"the nl2sql SQL worker process did not start within {_START_TIMEOUT_S:g} s (exit "
+                               f"code {code}): {sys.executable} -I -S could not run rlfactory_nl2sql.sqlworker")
 
     def _read_exactly(self, n: int, deadline: float) -> bytes | None:
         data = bytearray()

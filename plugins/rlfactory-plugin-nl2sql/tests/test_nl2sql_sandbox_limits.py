@@ -217,6 +217,19 @@ def test_queries_run_in_a_process_holding_many_file_descriptors(db):
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_a_worker_that_cannot_start_is_a_machine_error_not_a_query_error(db, monkeypatch):
+    """The reward scores a QueryError 0 (the policy's fault); a worker that does not start is
+    the machine's, and is raised as such (the reward layer counts it in reward/errors)."""
+    from rlfactory_nl2sql import sqlworker
+
+    sqlworker._stop_idle()
+    monkeypatch.setattr(sqlworker, "_BOOT", "import sys; sys.exit(3)")
+    with pytest.raises(RuntimeError, match=r"SQL worker process did not start .*exit code 3"):
+        run_query(db, "SELECT 1")
+    monkeypatch.undo()
+    assert run_query(db, "SELECT 1").rows == [(1,)]
+
+
 def test_memory_is_limited(db):
     columns = ", ".join(["randomblob(9000000)"] * 30)  # 270 MB in one row
     error = failure(db, f"SELECT {columns}", QueryLimits(time_limit_s=60, max_memory_bytes=200 * 2 ** 20))
