@@ -27,13 +27,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-import re
 import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.plugins import get_component
+from rlfactory_core.text import last_tag_content
 from rlfactory_core.tools import ToolArgumentsError
 from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
 
@@ -71,8 +71,6 @@ EXAMPLES = (
       ("Paraguay region", '"Paraguay"\nParaguay lies in the Americas region, in Latin America and the Caribbean.')],
      "Americas"),
 )
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 
 
 def format_passages(contents: Sequence[str]) -> str:
@@ -86,9 +84,9 @@ def format_passages(contents: Sequence[str]) -> str:
 
 
 def extract_answer(text: str) -> str:
-    """The content of the last ``<answer>`` pair outside ``<think>``; "" when there is none."""
-    matches = _ANSWER.findall(_THINK.sub("", text))
-    return matches[-1].strip() if matches else ""
+    """The content of the last ``<answer>`` pair outside ``<think>``; "" when there is none
+    (in linear time, whatever the model wrote: see ``rlfactory_core.text``)."""
+    return last_tag_content(text, "answer")
 
 
 class SearchTool:

@@ -18,11 +18,11 @@ else a fixed held-out share (``test_fraction``) of ``data``.
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 from typing import Any, Sequence
 
 from rlfactory_core.errors import ConfigError
+from rlfactory_core.text import last_tag_content
 from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
 
 from .client import MCPToolset, ServerOptions, load_mcp_tools
@@ -31,8 +31,6 @@ __all__ = ["MCPEnv", "DEFAULT_SYSTEM_PROMPT"]
 
 DEFAULT_SYSTEM_PROMPT = ("Answer the question. Call the tools when they help; you may call them as often as you "
                          "need. Then give only the final answer inside <answer> and </answer>.")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-_THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 _GOLD_KEYS = ("golden_answers", "answers", "answer")
 
 
@@ -148,8 +146,7 @@ class MCPEnv:
     def _answer(self, text: str) -> str:
         if not self.answer_tags:
             return text.strip()
-        matches = _ANSWER.findall(_THINK.sub("", text))
-        return matches[-1].strip() if matches else ""
+        return last_tag_content(text, "answer")  # linear, whatever the model wrote
 
     async def close(self, state: Any) -> None:
         """Nothing per episode: the servers' sessions are shared and closed with the tools."""
