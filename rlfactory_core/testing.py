@@ -11,6 +11,10 @@
     def test_my_tool_is_registered():
         with registered_plugin(MyTestPlugin(), name="my-test-plugin") as pm:
             assert get_component("tool", "my_tool")
+
+A response parser meets the bar every registered parser is held to (adversarial text,
+linear cost, bounded recursion, declared types) when ``check_parser_conformance(parser)``
+passes; see the parser conformance section below.
 """
 
 from __future__ import annotations
