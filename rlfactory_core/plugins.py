@@ -320,7 +320,9 @@ def add_plugin(plugin: Any, name: str, distribution: str = RUNTIME_DISTRIBUTION,
     Raises :class:`PluginError` when a plugin of that name is already loaded."""
     pm = get_plugin_manager()
     if name in _state.infos or pm.has_plugin(name):
-        raise PluginError(f"a plugin named {name!r} is already loaded ({_describe(name)})",
+        loaded = _state.infos.get(name)
+        source = f" from {loaded.distribution}" if loaded and loaded.distribution != RUNTIME_DISTRIBUTION else ""
+        raise PluginError(f"a plugin named {name!r} is already loaded{source}",
                           hint="register the new one under another name")
     info = _state.infos[name] = PluginInfo(name=name, distribution=distribution, version=version)
     _register(pm, plugin, info)
