@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -261,14 +262,17 @@ def _stack_depth() -> int:
 def measure_parse(parser: Any, text: str) -> tuple[Any, ParserCost]:
     """``parser.parse(text)`` with :data:`STACK_HEADROOM` frames of stack to spare, and its cost.
 
-    Raises what ``parse`` raises. Not thread-safe: it patches ``json.JSONDecoder.raw_decode``
-    and sets a trace and a profile function for the duration of the call.
+    Raises what ``parse`` raises. It patches ``json.JSONDecoder.raw_decode`` for the
+    duration of the call (counting only this thread's decodes) and sets this thread's trace
+    and profile functions; two measurements must not overlap.
     """
     cost = ParserCost(chars=len(text))
     original = json.JSONDecoder.raw_decode
+    thread = threading.get_ident()
 
     def raw_decode(self: json.JSONDecoder, s: str, idx: int = 0) -> tuple[Any, int]:
-        cost.decoded_chars += len(s)
+        if threading.get_ident() == thread:
+            cost.decoded_chars += len(s)
         return original(self, s, idx)
 
     def profile(frame: Any, event: str, arg: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 import pytest
 
@@ -162,3 +163,17 @@ def test_a_parser_that_keeps_state_between_turns_fails():
 
     with pytest.raises(AssertionError, match="same text twice gave different results"):
         check_parser_case(Counting(), _case("unclosed_calls"))
+
+
+def test_json_decoded_by_other_threads_is_not_charged():
+    class Spawning:
+        name = "spawning"
+
+        def parse(self, text):
+            other = threading.Thread(target=json.loads, args=("[" + "1, " * 10_000 + "1]",))
+            other.start()
+            other.join()
+            return ParsedTurn(text=text)
+
+    _, cost = measure_parse(Spawning(), "text")
+    assert cost.decoded_chars == 0
