@@ -315,3 +315,71 @@ def test_wheel_ships_the_template(tmp_path):
     template_dir, created = rendered.stdout.split()
     assert Path(template_dir) == site / "rlfactory_cli" / "plugin_template"
     assert (Path(created) / "rlfactory_plugin_demo" / "envs.py").is_file()
+
+
+# ---------------------------------------------------------------------------------------
+# The generated env trains: `rlf train`, then `rlf eval`, with its tool and its reward
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_generated_env_trains_and_evaluates_with_its_tool_and_reward(rlf, tmp_path, tiny_model_dir,
+                                                                          monkeypatch):
+    """``rlf plugins new demo --kinds env,tool,reward``, installed outside the environment:
+    the run's tool manager, built as ``rlf train`` builds it, serves the generated tool (the
+    env's ``tools``; with ``self.tool`` every call was ``unknown_tool``), and ``rlf train``
+    then ``rlf eval`` run on its ``train`` and ``test`` splits, scored by the generated reward.
+    (A tiny random model makes no tool call: the calls are made through the tool manager.)"""
+    import asyncio
+
+    from rlfactory_core import plugins
+    from rlfactory_core.config import load_config
+    from rlfactory_core.trainer import _build_task, load_samples
+    from rlfactory_core.types import ToolCall
+
+    code, stdout, stderr = rlf("plugins", "new", "demo", "--output-dir", str(tmp_path), "--kinds", "env,tool,reward")
+    assert code == 0, stderr
+    site = tmp_path / "site"
+    pip_install(Path(stdout.strip()), site, cwd=tmp_path)
+    rewards = "rewards=[{name: exact_match}, {name: demo_length}]"
+
+    monkeypatch.syspath_prepend(str(site))  # entry points are found on sys.path when loaded
+    plugins.reset_plugins()
+    try:
+        config = load_config([], ["env=demo", rewards])
+        task = _build_task(config)
+        assert [tool.name for tool in task.env.tools] == ["demo_word_count"] and task.offers_tools
+        train, test = load_samples(config, task.env, "train", 3), load_samples(config, task.env, "test", 3)
+        assert len(train) == len(test) == 3 and not {s["text"] for s in train} & {s["text"] for s in test}
+
+        async def calls():
+            try:
+                return await task.tool_manager.call([ToolCall("demo_word_count", {"text": s["text"]}, id=str(i))
+                                                     for i, s in enumerate(train)])
+            finally:
+                await task.tool_manager.close()
+
+        results = asyncio.run(calls())
+        assert [(r.error, r.content) for r in results] == [(None, s["answer"]) for s in train]
+    finally:
+        plugins.reset_plugins()
+        for name in [name for name in sys.modules if name.startswith("rlfactory_plugin_demo")]:
+            del sys.modules[name]
+
+    run_dir, report = tmp_path / "run", tmp_path / "report"
+    settings = ["backend=hf", "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "logging.live=off",
+                "logging.tensorboard=false", "data.eval_size=2", rewards]
+    env_vars = subprocess_env(site)
+    trained = run_python("-m", "rlfactory_cli", "train", "--env", "demo", "--model", str(tiny_model_dir), "--run-dir",
+                         str(run_dir), "train.steps=1", "grpo.prompts_per_step=1", "grpo.group_size=2", "eval.every=0",
+                         *settings, env=env_vars, cwd=tmp_path)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    step = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert step["step"] == 1 and {"reward/exact_match", "reward/demo_length", "reward/demo_length/words"} <= set(step)
+
+    evaluated = run_python("-m", "rlfactory_cli", "eval", "--env", "demo", "--model", str(run_dir), "--size", "2",
+                           "--report", str(report), *settings, env=env_vars, cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    data = json.loads((report / "report.json").read_text())
+    assert data["split"] == "test" and data["samples"] == 2
+    assert {"eval/reward/exact_match", "eval/reward/demo_length"} <= set(data["metrics"])
