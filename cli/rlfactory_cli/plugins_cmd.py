@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from rlfactory_core.plugins import plugin_infos
+from rlfactory_core.plugins import PluginInfo, plugin_infos
 
 from .console import err, out
 from .scaffold import DEFAULT_DESCRIPTION, DEFAULT_KINDS, TEMPLATE_KINDS, create_plugin, parse_kinds
@@ -37,16 +38,28 @@ def list_plugins(
         return
     table = Table("name", "version", "hooks", "components", "status")
     for info in infos:
-        comps = "\n".join(f"{kind}: {', '.join(names)}" for kind, names in sorted(info.components.items()))
-        status = "[green]ok[/]" if info.status == "ok" else "[red]broken[/] (see below)"
-        name = info.name + (" [dim](built-in)[/]" if info.builtin else "")
-        table.add_row(name, info.version, "\n".join(h.removeprefix("rlfactory_") for h in info.hooks), comps or "-", status)
+        status = {"ok": "[green]ok[/]", "conflict": "[yellow]conflict[/] (see below)"}.get(
+            info.status, "[red]broken[/] (see below)")
+        name = escape(info.name) + (" [dim](built-in)[/]" if info.builtin else "")
+        table.add_row(name, escape(info.version), "\n".join(h.removeprefix("rlfactory_") for h in info.hooks),
+                      _components_cell(info), status)
     out.print(table)
+    # In full, below the table, where nothing truncates them; escaped: a plugin's text is not markup.
     for info in infos:
-        for problem in info.problems:  # in full, below the table, where nothing truncates them
-            out.print(f"[red]broken[/] {info.name}: {problem}", soft_wrap=True, highlight=False)
+        for problem in info.problems:
+            out.print(f"[red]broken[/] {escape(info.name)}: {escape(problem)}", soft_wrap=True, highlight=False)
+        for conflict in info.conflicts:
+            out.print(f"[yellow]conflict[/] {escape(info.name)}: {escape(conflict.message)}", soft_wrap=True,
+                      highlight=False)
     if hidden:
         out.print(f"[dim]and {hidden} built-in plugins of rlfactory: `rlf plugins list --all` shows them[/]")
+
+
+def _components_cell(info: PluginInfo) -> str:
+    clashing = {(c.kind, c.name) for c in info.conflicts}
+    lines = [f"{kind}: " + ", ".join(escape(n) + (" [yellow](conflict)[/]" if (kind, n) in clashing else "") for n in names)
+             for kind, names in sorted(info.components.items())]
+    return "\n".join(lines) or "-"
 
 
 @app.command("new")
@@ -70,8 +83,8 @@ def new_plugin(
     """
     path = create_plugin(name, description=description, kinds=kinds, output_dir=output_dir)
     out.print(str(path), soft_wrap=True, highlight=False, markup=False)
-    quoted = shlex.quote(str(path))
+    # The test extra brings pytest; quoted whole, as shells would expand or reject `[test]`.
     err.print(f"Created {path.name} ({', '.join(parse_kinds(kinds))}). Next steps:\n"
-              f"  pip install -e {quoted}\n"
+              f"  pip install -e {shlex.quote(f'{path}[test]')}\n"
               f"  rlf plugins list    # shows {name!r} with its components\n"
-              f"  pytest {quoted}", soft_wrap=True, highlight=False, markup=False)
+              f"  pytest {shlex.quote(str(path))}", soft_wrap=True, highlight=False, markup=False)
