@@ -43,9 +43,14 @@ with ``engine: ray``, ``rlfactory_core.ray_engine.RayEngine``: rollout workers, 
 trainer group, a judge pool and tool actors on a Ray cluster). Both run the same functions
 (the agent loop, the reward layer, ``_update_policy``) and write the same checkpoints.
 
-Interrupting (Ctrl-C, SIGTERM) between updates writes a checkpoint of the last finished
-step, so no finished step is lost; ``rlf train --resume RUN_DIR`` continues from the newest
-checkpoint with the same data order.
+Interrupting (Ctrl-C, SIGTERM; ``rlfactory_core.stopping``): the run says at once what will
+happen and stops within seconds. A step still in its rollout (or an eval) is dropped: the
+rollouts in flight are cancelled, its data position is not advanced and nothing of it is
+written, so a resumed run redoes exactly that step (the RNGs are saved as they were before
+it). A step past its update is finished and saved. The last finished step is checkpointed;
+a second Ctrl-C stops without saving. ``rlf train --resume RUN_DIR`` continues from the
+newest checkpoint with the same data order. The engines' own output goes to the run's
+``log.txt`` (``rlfactory_core.logs``, set up by the CLI).
 
 Batching: the rollout batch travels as a ``tensordict.TensorDict`` (one row per
 trajectory). Micro-batches are trajectories of similar length; the vocabulary projection is
@@ -72,7 +77,6 @@ import random
 import signal
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -82,19 +86,31 @@ from .config import RunConfig
 from .errors import ConfigError, ModelError, RLFactoryError, one_line
 from .plugins import notify
 from .rollout.backend import GREEDY_TEMPERATURE
+from .tools import _DaemonThreadPool
 
 __all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples", "read_jsonl_samples"]
 
 
 class TrainingInterrupted(RLFactoryError):
-    """The run was stopped by a signal; a checkpoint of the last finished step was written."""
+    """The run was stopped by SIGINT or SIGTERM (:mod:`rlfactory_core.stopping`); the message
+    says which step is saved. ``exit_code`` is 128 + the signal's number, as a shell reports
+    a process that the signal ended (130 for Ctrl-C)."""
+
+    exit_code = 128 + signal.SIGINT
 
 
 # --------------------------------------------------------------------------- entry points
 
 
 def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, console: Any = None) -> Path:
-    """Run training to ``config.train.steps``; return the run directory."""
+    """Run training to ``config.train.steps``; return the run directory.
+
+    Every problem :mod:`rlfactory_core.preflight` can see is raised first, together (one
+    :class:`ConfigError`); then the task and the data are built and the model resolved;
+    only then is the run announced on ``console`` and its directory written."""
+    from .preflight import raise_problems, run_problems
+
+    raise_problems(run_problems(config, purpose="train", resume=resume))
     return asyncio.run(_train(config, resume=Path(resume) if resume else None, console=console))
 
 
@@ -102,7 +118,11 @@ def evaluate(config: RunConfig, model: str, *, split: str = "test", size: int | 
              report_dir: str | os.PathLike[str] | None = None, console: Any = None) -> dict[str, Any]:
     """Evaluate ``model`` (a model name, a directory, or a run directory: its newest
     checkpoint) on ``split`` (all of it, or its first ``size`` samples); write ``report.json``
-    and sample trajectories into ``report_dir`` (when given); return the report."""
+    and sample trajectories into ``report_dir`` (when given); return the report. Checked
+    first like :func:`train`."""
+    from .preflight import raise_problems, run_problems
+
+    raise_problems(run_problems(config, purpose="eval", model=model, split=split, report_dir=report_dir))
     return asyncio.run(_evaluate_only(config, model, split=split, size=size,
                                       report_dir=Path(report_dir) if report_dir else None, console=console))
 
@@ -130,28 +150,22 @@ class _Task:
 def _build_env(config: RunConfig) -> Any:
     """The env of ``config``, its options checked (all unknown ones reported at once)."""
     from .plugins import get_component
+    from .preflight import env_option_problems
 
     env_cls = get_component("env", config.env)
     env_options = dict(config.env_options)
-    parameters = inspect.signature(env_cls).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        known = [name for name in parameters if name != "self"]
-        unknown = [key for key in env_options if key not in parameters]
-        if unknown:  # all of them at once, not the first TypeError
-            raise ConfigError([f"env_options.{key}: the {config.env!r} env has no option {key!r} "
-                               f"(its options: {', '.join(known) or 'none'})" for key in unknown])
-    if "parser" in parameters:
-        # An env that writes tool calls itself (worked examples) must write them the way the
-        # run's parser reads them: it gets the run's parser unless it is told otherwise.
-        chosen = env_options.setdefault("parser", config.parser)
-        if chosen != config.parser:
-            raise ConfigError([f"env_options.parser is {chosen!r} but the run's parser is {config.parser!r}: the "
-                               f"env would show the model tool calls the parser cannot read; drop "
-                               f"env_options.parser (the env then uses the run's parser)"])
+    problems = env_option_problems(env_cls, config.env, env_options, config.parser)
+    if problems:
+        raise ConfigError(problems)
+    if "parser" in inspect.signature(env_cls).parameters:
+        # An env that writes tool calls itself (worked examples) gets the run's parser.
+        env_options.setdefault("parser", config.parser)
     try:
         env = env_cls(**env_options)
-    except TypeError as exc:
-        raise ConfigError([f"env_options: the {config.env!r} env does not take these options ({one_line(exc)})"]) from exc
+    except RLFactoryError:
+        raise  # the env's own list of problems
+    except Exception as exc:  # noqa: BLE001 - a constructor refusing an option's value is a config problem
+        raise ConfigError([f"env_options: the {config.env!r} env refused its options ({one_line(exc)})"]) from exc
     return env
 
 
@@ -181,7 +195,9 @@ def _build_task(config: RunConfig, *, shared_tools: dict[str, Any] | None = None
                            f"({one_line(exc)})"]) from exc
     try:
         tool_manager = manager_cls(tools, **config.tool_manager.options)
-    except TypeError as exc:
+    except RLFactoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - as for the env: the options were refused
         raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
     rewards = build_reward_layer(config.rewards, tool_manager, make_reward=make_reward)
     eval_rewards = rewards if config.eval.rewards is None else build_reward_layer(
@@ -197,7 +213,7 @@ def read_jsonl_samples(path: str | os.PathLike[str], id_prefix: str) -> list[dic
 
     samples = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()  # ~ as preflight reads it
     except OSError as exc:
         raise ConfigError([f"cannot read the samples file {str(path)!r}: {exc}"]) from exc
     for number, line in enumerate(lines, 1):
@@ -232,14 +248,36 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
                            "(data.train_file, data.eval_file)"])
     # No size: the env's own default, e.g. all of a fixed dataset's split (a generator like
     # the arithmetic env picks its own number).
-    return list(env.dataset(split=split) if size is None else env.dataset(size=size, split=split))
+    try:
+        return list(env.dataset(split=split) if size is None else env.dataset(size=size, split=split))
+    except RLFactoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. a split the env does not have (`rlf eval --split dev`)
+        raise ConfigError([f"data: the {config.env!r} env cannot give its {split!r} split ({one_line(exc)})"],
+                          hint="`rlf eval --split` takes the env's splits (train, test); or give JSONL files "
+                               "(data.train_file, data.eval_file)") from exc
 
 
 def _new_run_dir(config: RunConfig) -> Path:
+    """The new run's directory, made: ``run_dir``, else ``runs/<env>-<date>-<time>``, with
+    ``-2``, ``-3`` ... when another run started in the same second (made exclusively, so
+    two runs never share one)."""
     if config.run_dir:
-        return Path(config.run_dir)
+        path = Path(config.run_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{config.env}-{stamp}"
+    # A qualified env name (dist:env) or one with a slash must stay one directory name.
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in config.env)
+    Path("runs").mkdir(exist_ok=True)
+    for suffix in ("", *(f"-{n}" for n in range(2, 1000))):
+        path = Path("runs") / f"{name}-{stamp}{suffix}"
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RLFactoryError(f"runs/{name}-{stamp}-* already exist 999 times", hint="set run_dir")
 
 
 def _device(config: RunConfig) -> Any:
@@ -948,7 +986,8 @@ class _LocalEngine:
         # Every update on one thread: glibc gives each thread its own malloc arena, and the
         # gigabytes an update frees would otherwise stay behind in whichever arena the executor's
         # thread of the moment used (a deepsearch run grew ~3 GB a step and was OOM-killed).
-        self.train_thread = ThreadPoolExecutor(1, thread_name_prefix="rlf-train")
+        # A daemon thread: a run stopped without saving exits without waiting for the update.
+        self.train_thread = _DaemonThreadPool(1, thread_name_prefix="rlf-train")
         self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
                                            lr=config.train.lr, betas=tuple(config.train.betas),
                                            weight_decay=config.train.weight_decay)
@@ -988,7 +1027,7 @@ class _LocalEngine:
 
     async def close(self) -> None:
         if hasattr(self, "train_thread"):
-            self.train_thread.shutdown(wait=True)
+            self.train_thread.shutdown()
         if hasattr(self, "backend"):
             await self.backend.close()
 
@@ -996,73 +1035,89 @@ class _LocalEngine:
 # --------------------------------------------------------------------------- the loop
 
 
-class _Stop:
-    """Turns SIGINT/SIGTERM into a flag checked between phases, so a step is never half-applied."""
+def _say(console: Any, text: str) -> None:
+    """A line for the user at once (a stop request's answer), above the live view."""
+    from rich.text import Text
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
+    if console is None:
+        from rich.console import Console
 
-    def __enter__(self) -> "_Stop":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: no signal handling
-                pass
-        return self
+        console = Console(stderr=True)
+    console.print(Text(text, style="bold yellow"), soft_wrap=True)
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # a second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.requested = True
 
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+def _interrupted(stop: Any, run_dir: Path, saved: int) -> TrainingInterrupted:
+    """The error that ends a stopped run: what was saved, how to go on, the exit code of the signal."""
+    resume = f"; continue with `rlf train --resume {run_dir}`"
+    if stop.hard:
+        message = "without saving: " + (f"the newest checkpoint is step {saved}{resume}" if saved
+                                        else "the run has no checkpoint")
+    elif saved:
+        message = f"step {saved} is saved{resume}"
+    else:
+        message = "no step had finished, nothing to save"
+    error = TrainingInterrupted(message)
+    error.exit_code = 128 + int(stop.signum or signal.SIGINT)
+    return error
+
+
+def _uncancel() -> None:
+    """Forget the cancellation a stop request caused, so the clean-up's own timeouts and
+    task groups work as usual."""
+    task = asyncio.current_task()
+    while task is not None and task.cancelling():
+        task.uncancel()
 
 
 async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Path:
     import torch
     import yaml
 
-    from .checkpoint import latest_checkpoint
+    from .checkpoint import _rng_state, _set_rng_state, latest_checkpoint
+    from .logs import LOG_FILE, log_to
     from .metrics import LiveView, MetricsLogger
     from .models import load_tokenizer, resolve_model
     from .rollout import rollout_metrics
+    from .stopping import PhaseDropped, RunStopper
 
-    # ---- run directory, config, resume point
-    checkpoint = None
-    if resume is not None:
-        run_dir = resume
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise RLFactoryError(f"{run_dir} has no checkpoint to resume from",
-                                 hint="start a new run, or point --resume at a run directory with checkpoints/")
-    else:
-        run_dir = _new_run_dir(config)
-        if (run_dir / "checkpoints").exists():
-            raise RLFactoryError(f"{run_dir} already holds a run",
-                                 hint=f"continue it with `rlf train --resume {run_dir}`, or choose another run_dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    (run_dir / "plugins.yaml").write_text(yaml.safe_dump(_plugin_versions(), sort_keys=True))
+    # ---- the task, the data and the model path: every check that needs them, before the
+    # run is announced or anything written (the config's own checks ran in train()).
+    checkpoint = latest_checkpoint(resume) if resume is not None else None
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     random.seed(config.train.seed)
     torch.manual_seed(config.train.seed)
-
-    # ---- task, data, the engine (model, optimizer, generation)
     pooled = set(config.ray.judge.rewards) if config.engine == "ray" else set()
     # The ray engine's rollout workers score; here the task gives the data and checks the
     # config, so judge-pool rewards (a judge model) are not loaded in this process.
     task = _build_task(config, make_reward=lambda spec: _NotScoredHere(spec.name) if spec.name in pooled else None)
-    train_samples = load_samples(config, task.env, "train", config.data.train_size)
-    eval_samples = load_samples(config, task.env, "test", config.data.eval_size)
-    if not train_samples:
-        raise ConfigError(["data: the training set is empty"])
-    base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
-    tokenizer = load_tokenizer(base_path)
-    processor = _check_images(config, task.env, base_path)
+    try:
+        train_samples = load_samples(config, task.env, "train", config.data.train_size)
+        eval_samples = load_samples(config, task.env, "test", config.data.eval_size)
+        if not train_samples:
+            raise ConfigError(["data: the training set is empty"])
+        base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
+        tokenizer = load_tokenizer(base_path)
+        processor = _check_images(config, task.env, base_path)
+    except BaseException:
+        await _close_task(task)  # an MCP env's servers, a judge's client
+        raise
+
+    # ---- write the run directory, announce
+    run_dir = resume if resume is not None else _new_run_dir(config)
+    if console is not None:
+        from rich.markup import escape
+
+        console.print(f"[bold]rlf train[/] env [cyan]{escape(config.env)}[/], model [cyan]"
+                      f"{escape(config.model.name)}[/], {config.train.steps} steps of {config.grpo.prompts_per_step} "
+                      f"prompts x {config.grpo.group_size}, run in [cyan]{escape(str(run_dir))}[/]"
+                      + (f" (resuming after {checkpoint.name})" if checkpoint is not None else ""), highlight=False,
+                      soft_wrap=True)
+    log_to(run_dir / LOG_FILE)  # the engines' output, captured by the CLI until now
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    (run_dir / "plugins.yaml").write_text(yaml.safe_dump(_plugin_versions(), sort_keys=True))
+
+    # ---- the engine (model, optimizer, generation)
     if config.engine == "ray":
         from .ray_engine import RayEngine
 
@@ -1070,10 +1125,19 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     else:
         engine = _LocalEngine(config, task, tokenizer, base_path=base_path, checkpoint=checkpoint,
                               processor=processor)
+    # From here on a stop request is answered (rlfactory_core.stopping): first the start.
+    stop = RunStopper(functools.partial(_say, console)).install()
     try:
         resumed = await engine.start()
-    except BaseException:
+    except BaseException as exc:
+        stop.remove()
+        if stop.requested and isinstance(exc, asyncio.CancelledError):
+            _uncancel()
         await engine.close()
+        await _close_task(task)
+        if stop.requested and isinstance(exc, asyncio.CancelledError):
+            raise _interrupted(stop, run_dir, 0 if checkpoint is None else int(checkpoint.name.split("-")[1])) \
+                from None
         raise
     state = {"position": 0}
     start_step = 0
@@ -1089,6 +1153,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     G = config.grpo.group_size
     last_saved = start_step
     step = start_step
+    rng_before_step = None
     finished_step, last_metrics = start_step, {}
     notify("rlfactory_on_train_start", config=config)
 
@@ -1099,17 +1164,21 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         last_saved = at_step
 
     try:
-        with view, _Stop() as stop:
+        with view:
             if start_step == 0:
                 view.phase("eval")
-                metrics = await _run_eval(0, eval_samples, engine, config, run_dir / "samples", tokenizer)
+                metrics = await stop.droppable(
+                    _run_eval(0, eval_samples, engine, config, run_dir / "samples", tokenizer))
                 logger.log(0, metrics)
                 view.message(f"eval before training: reward {metrics['eval/reward/mean']:.3f}, "
                              f"accuracy {metrics['eval/reward/accuracy']:.3f}, "
                              f"tool calls/trajectory {metrics['eval/tools/calls_per_trajectory']:.2f}")
             for step in range(start_step + 1, config.train.steps + 1):
                 if stop.requested:
-                    raise TrainingInterrupted(f"stopped before step {step}")
+                    raise PhaseDropped
+                stop.at(step, finished=finished_step)
+                # A dropped step leaves the RNGs as they were before it (its checkpoint says so).
+                rng_before_step = _rng_state()
                 times: dict[str, float] = {}
                 started = time.perf_counter()
 
@@ -1118,14 +1187,14 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 indices = _batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
                                          state["position"], shuffle=config.data.shuffle)
                 samples = [train_samples[i] for i in indices]
-                trajectories, scored, rollout_times = await engine.rollout(
-                    samples, _rollout_config(config, step), group_size=G, rewards="train")
+                trajectories, scored, rollout_times = await stop.droppable(engine.rollout(
+                    samples, _rollout_config(config, step), group_size=G, rewards="train"))
                 times.update(rollout_times)  # time/rollout, time/reward
-                if stop.requested:
-                    raise TrainingInterrupted(f"stopped during the rollout of step {step}")
                 totals = scored.totals
 
-                # 4-6. advantages and the update (not interruptible: a half-applied step is lost)
+                # 4-6. advantages and the update (not droppable: half an update cannot be undone;
+                # from here on a stop request finishes the step and saves it)
+                rng_before_step = None
                 view.phase("train")
                 t = time.perf_counter()
                 batch = _build_batch(trajectories, totals, config, pad_id, processor)
@@ -1133,13 +1202,16 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 sequence_advantages, batch_tokens = batch["sequence_advantages"], float(batch["attention_mask"].sum())
                 del batch
                 state["position"] += len(indices)
+                stop.updated()
                 times["time/train"] = time.perf_counter() - t
 
-                # 7. weight sync
-                view.phase("weight sync")
-                t = time.perf_counter()
-                sync_metrics = await engine.sync_weights()
-                times["time/weight_sync"] = time.perf_counter() - t
+                # 7. weight sync (not when stopping: no generation follows)
+                sync_metrics: dict[str, float] = {}
+                if not stop.requested:
+                    view.phase("weight sync")
+                    t = time.perf_counter()
+                    sync_metrics = await engine.sync_weights()
+                    times["time/weight_sync"] = time.perf_counter() - t
 
                 # 8. metrics and warnings
                 metrics = scored.metrics("reward")
@@ -1170,16 +1242,17 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                                  f"(all {totals[0]:g}): nothing to learn from this step; make the task easier or "
                                  "the reward denser, or raise grpo.group_size")
 
-                # 9. eval and checkpoint
+                # 9. eval and checkpoint (when stopping: no eval, and the step is saved)
                 if config.eval.every and step % config.eval.every == 0 or step == config.train.steps:
                     view.phase("eval")
                     t = time.perf_counter()
-                    metrics.update(await _run_eval(step, eval_samples, engine, config, run_dir / "samples",
-                                                   tokenizer))
-                    times["time/eval"] = time.perf_counter() - t
-                    view.message(f"eval at step {step}: reward {metrics['eval/reward/mean']:.3f}, "
-                                 f"accuracy {metrics['eval/reward/accuracy']:.3f}")
-                if step % config.checkpoint.every == 0 or step == config.train.steps:
+                    with contextlib.suppress(PhaseDropped):  # the step is finished without its eval
+                        metrics.update(await stop.droppable(_run_eval(step, eval_samples, engine, config,
+                                                                      run_dir / "samples", tokenizer)))
+                        times["time/eval"] = time.perf_counter() - t
+                        view.message(f"eval at step {step}: reward {metrics['eval/reward/mean']:.3f}, "
+                                     f"accuracy {metrics['eval/reward/accuracy']:.3f}")
+                if step % config.checkpoint.every == 0 or step == config.train.steps or stop.requested:
                     view.phase("checkpoint")
                     t = time.perf_counter()
                     save(step)
@@ -1192,62 +1265,61 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 finished_step = step
                 last_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
                 notify("rlfactory_on_train_step_end", step=step, metrics=dict(last_metrics))
-    except (TrainingInterrupted, KeyboardInterrupt) as exc:
-        finished = step if isinstance(exc, TrainingInterrupted) else None
-        # A stop between phases left the model at the end of the last finished step.
-        done = step - 1 if finished is not None else None
-        if done is not None and done > last_saved:
-            save(done)
-        message = (f"interrupted; resume with `rlf train --resume {run_dir}` "
-                   f"(continues after step {max(last_saved, 0)})")
-        raise TrainingInterrupted(message) from None
+    except (PhaseDropped, asyncio.CancelledError):
+        if not stop.requested:  # cancelled by the caller, not by a signal
+            raise
+        _uncancel()
+        # The model is that of the last finished step: a dropped step's update never ran.
+        if not stop.hard and finished_step > last_saved:
+            if rng_before_step is not None:
+                _set_rng_state(rng_before_step)
+            save(finished_step)
+        raise _interrupted(stop, run_dir, last_saved) from None
     finally:
+        stop.remove()
         notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
         logger.close()
         await engine.close()
-        await task.close_rewards()
-        with contextlib.suppress(Exception):
-            await task.tool_manager.close()
+        await _close_task(task)
     return run_dir
+
+
+async def _close_task(task: _Task) -> None:
+    await task.close_rewards()
+    with contextlib.suppress(Exception):
+        await task.tool_manager.close()
 
 
 async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int | None, report_dir: Path | None,
                          console: Any) -> dict[str, Any]:
     import json
 
-    from .checkpoint import latest_checkpoint
-    from .models import load_tokenizer, resolve_model
+    from .models import load_tokenizer
+    from .preflight import resolve_eval_model
     from .rollout import ChatTemplate
 
-    given = Path(model)
-    path: Path | str
-    if given.is_dir() and (given / "checkpoints").is_dir():
-        newest = latest_checkpoint(given)
-        if newest is None:
-            raise RLFactoryError(f"run {given} has no checkpoint yet", hint="evaluate a model directory instead")
-        path = newest / "model"
-    elif given.is_dir() and (given / "model").is_dir() and (given / "state.json").is_file():
-        path = given / "model"
-    else:
-        path = resolve_model(model)  # an embedded name (prepared), a directory, or a hub id (a str)
+    # a run's newest checkpoint, a checkpoint, an embedded name (prepared), a directory or a hub id
+    path = resolve_eval_model(model)
     task = _build_task(config)
-    # The whole split unless a size is given: `rlf eval` reports on the split, not on the
-    # data.eval_size subset that periodic evaluation during training uses.
-    samples = load_samples(config, task.env, split, size)
-    tokenizer = load_tokenizer(path)
-    processor = _check_images(config, task.env, path, training=False)
-    backend = _make_backend(config, path)
-    if hasattr(backend, "start"):
-        await backend.start()
     try:
+        # The whole split unless a size is given: `rlf eval` reports on the split, not on the
+        # data.eval_size subset that periodic evaluation during training uses.
+        samples = load_samples(config, task.env, split, size)
+        tokenizer = load_tokenizer(path)
+        processor = _check_images(config, task.env, path, training=False)
+        backend = _make_backend(config, path)
+    except BaseException:
+        await _close_task(task)
+        raise
+    try:
+        if hasattr(backend, "start"):
+            await backend.start()
         chat = ChatTemplate(tokenizer, processor=processor)
         metrics = await _run_eval(0, samples, _LocalRollout(task, backend, chat), config,
                                   report_dir / "samples" if report_dir else None, tokenizer)
     finally:
         await backend.close()
-        await task.close_rewards()
-        with contextlib.suppress(Exception):
-            await task.tool_manager.close()
+        await _close_task(task)
     report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),
               "metrics": metrics}
     if report_dir is not None:

@@ -359,6 +359,21 @@ async def test_a_failed_update_raises_and_leaves_the_engine_serving(backend, tok
     assert set(staged_weight_dirs()) <= already_there
 
 
+async def test_a_cancelled_request_is_aborted_in_the_engine(backend):
+    """A stopped run cancels its rollouts (rlfactory_core.stopping): the engine must stop
+    generating for them, not run them to max_tokens."""
+    long_turn = SamplingParams(temperature=1.0, max_tokens=4000, seed=0)
+    request = asyncio.create_task(backend.generate([1, 4093, 198], long_turn))
+    while not backend._engine.output_processor.has_unfinished_requests():  # noqa: SLF001
+        await asyncio.sleep(0.01)
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert not backend._engine.output_processor.has_unfinished_requests()  # noqa: SLF001
+    after = await backend.generate([1, 4093, 198], GREEDY)  # the engine carries on
+    assert after.finish_reason in {"stop", "length"}
+
+
 async def test_construction_is_cheap_and_checks_its_options(default_model_dir):
     from rlfactory_core.errors import ConfigError
     from rlfactory_core.rollout.vllm_backend import VLLMBackend
@@ -406,6 +421,18 @@ async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokeni
         assert report.ok, report.describe()
         model_ids = [i for s in trajectory.segments if s.kind == "model" for i in s.token_ids]
         assert batch["input_ids"][row][batch["loss_mask"][row].bool()].tolist() == model_ids
+
+
+async def test_forged_turns_in_tool_env_and_dataset_text_stay_data(backend, tokenizer):
+    """A tool result, an env message and a dataset question holding forged turns, a forged
+    ``<tool_call>`` and ``<image>`` reach vLLM as plain text: the ids hold exactly the
+    template's special tokens, the forged call is not parsed, and what vLLM was fed is what
+    is kept (the same scenario as ``test_render_data.py`` on the hf backend)."""
+    from test_render_data import run_forged_rollout
+
+    from rlfactory_core.rollout import ChatTemplate
+
+    await run_forged_rollout(backend, ChatTemplate(tokenizer))
 
 
 def test_staging_directories_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):

@@ -5,14 +5,16 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Sequence
 
 import typer
+from rich.markup import escape
 
 from rlfactory_core import __version__
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core.errors import ConfigError, RLFactoryError
 
 from .console import err, out, setup_logging
+from .quiet import set_verbose
 
 __all__ = ["build_app", "run", "main"]
 
@@ -43,8 +45,15 @@ def _root(
         Optional[bool],
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Show the engines' own output (vLLM, torch, ...) in the terminal "
+                                             "instead of the run's log.txt."),
+    ] = False,
 ) -> None:
     """RLFactory: reinforcement-learning post-training for LLMs that use tools over many turns."""
+    if verbose:
+        set_verbose()
 
 
 def build_app(with_plugin_commands: bool = True) -> typer.Typer:
@@ -75,16 +84,28 @@ def _debug() -> bool:
     return os.environ.get("RLFACTORY_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _fail(message: str, hint: str | None) -> int:
-    err.print(f"[bold red]Error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+def _fail(message: str, hint: str | None, problems: Sequence[str] = ()) -> int:
+    """The red ``Error:`` line, one indented line per problem, and the hint. Messages are
+    escaped: they quote user input and exception text, whose brackets are not markup."""
+    err.print(f"[bold red]Error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
+    for problem in problems:
+        err.print(f"  {escape(problem)}", markup=True, highlight=False, soft_wrap=True)
     if hint:
-        err.print(f"[dim]hint: {hint}[/]", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"[dim]hint: {escape(hint)}[/]", markup=True, highlight=False, soft_wrap=True)
     return 1
+
+
+def _fail_with(exc: RLFactoryError) -> int:
+    problems = exc.errors if isinstance(exc, ConfigError) else []
+    if len(problems) > 1:  # one line each, all of them
+        return _fail(f"invalid config: {len(problems)} problems", exc.hint, problems)
+    return _fail(exc.message, exc.hint)
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI on ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
     setup_logging()
+    set_verbose(False)  # a flag of this call only (tests run several in one process)
     try:
         app = build_app()
         # Standalone mode: typer reports its own usage errors; ours propagate to here.
@@ -92,9 +113,12 @@ def run(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except RLFactoryError as exc:
+        if getattr(exc, "exit_code", None):  # TrainingInterrupted: the stop the user asked for, not a failure
+            err.print(f"[yellow]stopped:[/] {escape(exc.message)}", markup=True, highlight=False, soft_wrap=True)
+            return exc.exit_code
         if _debug():
             raise
-        return _fail(exc.message, exc.hint)
+        return _fail_with(exc)
     except KeyboardInterrupt:
         err.print("Interrupted.")
         return 130

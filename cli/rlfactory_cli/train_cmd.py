@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -10,18 +9,9 @@ import typer
 from rich.table import Table
 
 from .console import out
+from .quiet import engine_output_to_log, quiet_engines, set_verbose
 
 __all__ = ["train", "eval_command", "quiet_engines"]
-
-
-def quiet_engines() -> None:
-    """vLLM and transformers log every request at INFO; a training run shows its own progress."""
-    if os.environ.get("RLFACTORY_DEBUG", "").strip().lower() in {"1", "true", "yes", "on"}:
-        return
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _print_config_help() -> None:
@@ -48,36 +38,35 @@ def train(
     run_dir: Annotated[Optional[Path], typer.Option("--run-dir", help="where the run is written")] = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="continue the run in RUN_DIR")] = None,
     help_config: Annotated[bool, typer.Option("--help-config", help="list every config key and exit")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the engines' own output (vLLM, torch, "
+                                                                    "...) in the terminal instead of the run's "
+                                                                    "log.txt")] = False,
 ) -> None:
     """Train a policy with GRPO on an env's tool-use task."""
     if help_config:
         _print_config_help()
         return
-    quiet_engines()
-    from rlfactory_core.config import load_config
+    if verbose:
+        set_verbose()
+    with engine_output_to_log():
+        _run_train(overrides, env=env, model=model, config=config, preset=preset, run_dir=run_dir, resume=resume)
+
+
+def _run_train(overrides: list[str] | None, *, env: str | None, model: str | None, config: list[Path] | None,
+               preset: str | None, run_dir: Path | None, resume: Path | None) -> None:
+    from rlfactory_core.preflight import checked_config
     from rlfactory_core.trainer import train as run_training
 
     flags: dict[str, Any] = {}
-    files = list(config or [])
     if env is not None:
         flags["env"] = env
     if model is not None:
         flags["model"] = {"name": model}
     if run_dir is not None:
         flags["run_dir"] = str(run_dir)
-    if resume is not None:
-        saved = resume / "config.yaml"
-        if not saved.is_file():
-            from rlfactory_core.errors import RLFactoryError
-
-            raise RLFactoryError(f"{resume} is not a run directory (no config.yaml)",
-                                 hint="pass the directory a previous `rlf train` wrote (runs/<env>-<time>)")
-        # The saved config comes first; files, options and overrides adjust it (train.steps=100).
-        files = [saved, *files]
-        flags["run_dir"] = str(resume)
-    cfg = load_config(files, overrides or [], preset=preset, flags=flags)
-    out.print(f"[bold]rlf train[/] env [cyan]{cfg.env}[/], model [cyan]{cfg.model.name}[/], "
-              f"{cfg.train.steps} steps of {cfg.grpo.prompts_per_step} prompts x {cfg.grpo.group_size}")
+    # Every problem at once, before anything is announced or written (--resume's config.yaml included).
+    cfg = checked_config(list(config or []), overrides or [], preset=preset, flags=flags, resume=resume)
+    # The trainer announces the run once its task and data are built, just before writing its directory.
     run = run_training(cfg, resume=resume, console=out)
     out.print(f"[green]done[/]: run in {run} (metrics.jsonl, tensorboard/, checkpoints/, samples/)")
 
@@ -86,26 +75,39 @@ def eval_command(
     env: Annotated[str, typer.Option("--env", help="the env to evaluate on")],
     model: Annotated[str, typer.Option("--model", help="a model (name or directory) or a run directory")],
     split: Annotated[str, typer.Option("--split", help="the env's split (test, train, ...)")] = "test",
-    size: Annotated[Optional[int], typer.Option("--size", help="evaluate the first N samples (default: the whole split; a generated dataset's own size)")] = None,
+    size: Annotated[Optional[int], typer.Option("--size", min=1, help="evaluate the first N samples (default: the whole split; a generated dataset's own size)")] = None,
     config: Annotated[Optional[list[Path]], typer.Option("--config", "-c", help="YAML config file")] = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="report directory (default: next to the "
                                                                      "run, or eval-<env>/)")] = None,
     overrides: Annotated[Optional[list[str]], typer.Argument(help="config overrides KEY=VALUE",
                                                              show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the engines' own output (vLLM, torch, "
+                                                                    "...) in the terminal instead of the "
+                                                                    "report's log.txt")] = False,
 ) -> None:
     """Evaluate a model or a training run on held-out samples: accuracy and tool use."""
-    quiet_engines()
-    from rlfactory_core.config import load_config
+    if verbose:
+        set_verbose()
+    with engine_output_to_log():
+        _run_eval(env=env, model=model, split=split, size=size, config=config, report=report, overrides=overrides)
+
+
+def _run_eval(*, env: str, model: str, split: str, size: int | None, config: list[Path] | None, report: Path | None,
+              overrides: list[str] | None) -> None:
+    from rlfactory_core.logs import LOG_FILE, log_to
+    from rlfactory_core.preflight import checked_config
     from rlfactory_core.trainer import evaluate
 
     files = list(config or [])
     run_config = Path(model) / "config.yaml"
     if not files and run_config.is_file():  # a run directory: evaluate with its settings
         files = [run_config]
-    cfg = load_config(files, overrides or [], flags={"env": env})
     if report is None:
         report = (Path(model) / "eval" / split) if run_config.is_file() else Path(f"eval-{env}-{split}")
+    cfg = checked_config(files, overrides or [], flags={"env": env}, purpose="eval", model=model, split=split,
+                         report_dir=report)
     result = evaluate(cfg, model, split=split, size=size, report_dir=report, console=out)
+    log_to(report / LOG_FILE)
     metrics = result["metrics"]
     table = Table(title=f"rlf eval: {env} / {split} ({result['samples']} samples)")
     table.add_column("metric", style="cyan")
