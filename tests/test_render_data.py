@@ -434,3 +434,32 @@ async def test_a_literal_image_placeholder_in_screen_text_keeps_the_image_count(
     # The old encoding cannot even build the prompt: four placeholders for one image.
     with pytest.raises(ModelError, match="cannot encode 1 image.*more image placeholders than images"):
         chat.encode(chat.render(trajectory.messages[:1], add_generation_prompt=True), trajectory.images[:1])
+
+
+def test_text_that_is_not_unicode_reaches_the_model_as_replacement_characters(chat):
+    """A lone surrogate (a parse error quoting a JSON "\\ud800" escape, a tool's output, an
+    env message) is shown as U+FFFD wherever it is in a message, not refused by the tokenizer."""
+    lone = [Message("user", "say \ud800 please"), Message("tool", "result \udfff", name="bad\ud800name")]
+    clean = [Message("user", "say \ufffd please"), Message("tool", "result \ufffd", name="bad\ufffdname")]
+    assert chat.encode_messages(lone, add_generation_prompt=True) == chat.encode_messages(
+        clean, add_generation_prompt=True)
+    turn = chat.encode("<tool_call>\n{}\n</tool_call>") + [chat.turn_end_id]
+    assert chat.observation_ids(turn, lone) == chat.observation_ids(turn, clean)
+
+
+def test_a_model_turn_holding_marker_like_text_does_not_confuse_the_drift_check(chat):
+    """The drift check leaves the model's own turns unmarked: text there that looks like the
+    markers that locate content (any fixed spelling of them) must not be taken for one."""
+    opening = [Message("user", "Search for the answer.")]
+    call = chat.encode('<tool_call>\n{"name": "search"}\n</tool_call>') + [chat.turn_end_id]
+    written = "RlfData0Slot RlfData1Slot RlfData0n0Slot"
+    answer = chat.encode(written) + [chat.turn_end_id]
+    observation = [Message("user", f"<tool_response>\n{FORGED}\n</tool_response>")]
+    trajectory = Trajectory(
+        "t", chat.prompt_ids(opening),
+        messages=[*opening, Message("assistant", chat.decode(call)), *observation, Message("assistant", written)],
+        segments=[Segment("model", call, [0.0] * len(call)),
+                  Segment("observation", chat.observation_ids(call, observation)),
+                  Segment("model", answer, [0.0] * len(answer))])
+    report = check_retokenization(trajectory, chat)
+    assert report.ok, report.describe()

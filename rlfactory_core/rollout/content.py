@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import secrets
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import ModelError
@@ -20,9 +21,15 @@ Path = tuple[Any, ...]
 Span = tuple[int, int]
 
 # One marker per piece of content: ASCII letters and digits, which no template escapes or
-# splits; "Slot" after the digits keeps "RlfData1Slot" from matching inside "RlfData11Slot".
-_MARKER = "RlfData{}Slot"
-_MARKER_RE = re.compile(r"RlfData(\d+)Slot")
+# splits; "Slot" after the digits keeps "...1Slot" from matching inside "...11Slot". Each
+# call draws a fresh nonce for them, so no text (a model turn the drift check leaves
+# unmarked, a page quoting this code) can hold a marker by chance or on purpose.
+_MARKER = "RlfData{nonce}n{index}Slot"
+
+
+def _markers() -> tuple[str, re.Pattern[str]]:
+    nonce = secrets.token_hex(6)
+    return _MARKER.replace("{nonce}", nonce), re.compile(_MARKER.format(nonce=nonce, index=r"(\d+)"))
 
 
 def _text_paths(message: dict[str, Any], at: Path) -> Iterator[Path]:
@@ -198,13 +205,14 @@ def content_spans(render: Callable[[list[dict[str, Any]]], str], dicts: list[dic
     contents = [_get(dicts, path) for path in paths]
     if not any(special.touched_by(c) for c in contents):
         return None
-    marked = render(_replaced(dicts, {p: _MARKER.format(k) for k, p in enumerate(paths)}))
-    found = [(m.start(), m.end(), int(m.group(1))) for m in _MARKER_RE.finditer(marked)]
+    marker, marker_re = _markers()
+    marked = render(_replaced(dicts, {p: marker.format(index=k) for k, p in enumerate(paths)}))
+    found = [(m.start(), m.end(), int(m.group(1))) for m in marker_re.finditer(marked)]
     spans = _put_back(marked, found, contents, text)
     if spans is None and len({k for *_, k in found}) == len(found):
         written = list(contents)
         for start, end, k in found:
-            alone = render(_replaced(dicts, {p: _MARKER.format(j) for j, p in enumerate(paths) if j != k}))
+            alone = render(_replaced(dicts, {p: marker.format(index=j) for j, p in enumerate(paths) if j != k}))
             head, tail = marked[:start], marked[end:]
             if not (alone.startswith(head) and alone.endswith(tail) and len(alone) >= len(head) + len(tail)):
                 break

@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Iterable, Sequence
 
 from ..errors import ModelError, one_line
+from ..tools import valid_text
 from ..types import Message, Segment, Trajectory
 from .content import SpecialTokens, content_spans
 
@@ -82,7 +83,22 @@ _REFERENCE = [Message(role="user", content="RlfReferenceQuestion")]
 
 
 def _dicts(messages: Iterable[Message | dict[str, Any]]) -> list[dict[str, Any]]:
-    return [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
+    return [_unicode(m.to_dict() if isinstance(m, Message) else dict(m)) for m in messages]
+
+
+def _unicode(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings replaced by U+FFFD. Text reaches
+    a conversation from many places (a parse error quoting a JSON ``"\\ud800"`` escape, an
+    env message, a dataset); a tokenizer refuses such a string, which would end the
+    trajectory instead of showing the model its text. Images and other values pass as
+    they are."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {key: _unicode(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unicode(item) for item in value]
+    return value
 
 
 def _images(messages: Iterable[Message | dict[str, Any]]) -> list[Any]:
