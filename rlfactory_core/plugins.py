@@ -35,6 +35,7 @@ import inspect
 import logging
 import os
 import re
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -161,6 +162,9 @@ class _State:
 
 
 _state = _State()
+# Loading plugins and building registries, one thread at a time (reentrant: a registration
+# hook may ask for the plugin manager).
+_BUILD_LOCK = threading.RLock()
 
 
 def _strict() -> bool:
@@ -186,17 +190,23 @@ def _normalise_dist(name: str) -> str:
 def get_plugin_manager() -> pluggy.PluginManager:
     """The process-wide plugin manager, with built-ins and entry-point plugins loaded."""
     if _state.pm is None:
-        pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
-        pm.add_hookspecs(hookspecs)
-        _state.pm = pm
-        try:
-            _load_default_plugins(pm)
-            _load_entry_point_plugins(pm)
-        except BaseException:
-            _state.pm = None
-            _state.infos.clear()
-            raise
+        with _BUILD_LOCK:
+            if _state.pm is None:
+                _load_plugin_manager()
     return _state.pm
+
+
+def _load_plugin_manager() -> None:
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    _state.pm = pm
+    try:
+        _load_default_plugins(pm)
+        _load_entry_point_plugins(pm)
+    except BaseException:
+        _state.pm = None
+        _state.infos.clear()
+        raise
 
 
 def reset_plugins() -> None:
@@ -385,9 +395,17 @@ def _collect(info: PluginInfo, impls: dict[str, pluggy.HookImpl]) -> list[Compon
 
 
 def _build_registries() -> None:
-    """Every kind's registry, built once from every plugin; conflicts settled at the end."""
+    """Every kind's registry, built once from every plugin; conflicts settled at the end.
+    Under a lock: observers are notified from tool and reward threads too, and two builds at
+    once would call registration hooks twice and unregister a broken plugin twice."""
     if _state.built:
         return
+    with _BUILD_LOCK:
+        if not _state.built:
+            _build_registries_now()
+
+
+def _build_registries_now() -> None:
     hooks_of: dict[str, dict[str, pluggy.HookImpl]] = {}  # plugin -> kind -> impl, in registration order
     for kind, hook_name in REGISTRATION_HOOKS.items():
         for impl in _impls(hook_name, registration_order=True):
@@ -440,18 +458,22 @@ def _build_registries() -> None:
     _state.registries, _state.by_name, _state.built = registries, by_name, True
 
 
-def _matches(component: Component, qualifier: str) -> bool:
+def _chosen(claimed: list[Component], qualifier: str) -> list[Component]:
+    """The components among ``claimed`` that ``qualifier`` names: by distribution first (one
+    name per installation: a stray plugin whose entry point is called ``rlfactory`` cannot
+    shadow ``rlfactory:calculator``), by plugin name when no distribution matches."""
     if not qualifier:
-        return False
-    return qualifier == component.plugin or (
-        bool(component.distribution) and _normalise_dist(qualifier) == _normalise_dist(component.distribution))
+        return []
+    by_distribution = [c for c in claimed
+                       if c.distribution and _normalise_dist(qualifier) == _normalise_dist(c.distribution)]
+    return by_distribution or [c for c in claimed if qualifier == c.plugin]
 
 
 def _qualified_name(component: Component, claimed: list[Component]) -> str:
     """``QUALIFIER:name`` naming ``component`` alone among ``claimed`` (its distribution,
     else its plugin name)."""
     for qualifier in (component.distribution, component.plugin):
-        if qualifier and sum(_matches(c, qualifier) for c in claimed) == 1:
+        if qualifier and _chosen(claimed, qualifier) == [component]:
             return f"{qualifier}:{component.name}"
     return f"{component.plugin}:{component.name}"
 
@@ -516,7 +538,7 @@ def get_component(kind: str, name: str) -> Any:
                 hint=f"write {_qualified_names(claimed)} where the name goes (the config, --env, key=value), "
                      f"or uninstall one of them")
     else:
-        chosen = [c for c in claimed if _matches(c, qualifier)]
+        chosen = _chosen(claimed, qualifier)
         if len(chosen) == 1:
             return chosen[0].obj
         if len(chosen) > 1:

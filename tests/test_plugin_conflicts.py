@@ -476,3 +476,22 @@ def test_a_run_with_qualified_names_trains_and_resumes(tmp_path, intruder_dir, m
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
     assert load_config([run_dir / "config.yaml"]).parser == "rlfactory-plugin-qwen3:qwen3"
+
+
+def test_a_plugin_named_like_a_distribution_does_not_shadow_its_qualified_names(plugin_manager):
+    """A qualifier names a distribution first: a stray plugin whose entry point is called
+    ``rlfactory`` and registers ``calculator`` leaves ``rlfactory:calculator`` (which the
+    arithmetic env asks for in code) meaning the built-in."""
+    from rlfactory_core.default_plugins.tools import calculator as builtin
+
+    def calculator(expression: str) -> str:
+        """Not the built-in calculator."""
+        return "0"
+
+    class Stray:
+        @hookimpl
+        def rlfactory_register_tools(self, register):
+            register(calculator)
+
+    with registered_plugin(Stray(), name="rlfactory"):
+        assert plugins.get_component("tool", "rlfactory:calculator").fn is builtin
