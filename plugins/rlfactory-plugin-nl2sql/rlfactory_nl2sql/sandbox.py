@@ -58,7 +58,6 @@ from rlfactory_core.errors import RLFactoryError
 
 from . import sqlworker
 from .dbfile import database_uri
-from .engine import Guard as _Guard  # noqa: F401 - the tests check the authorizer on its own through it
 from .engine import QueryLimits, QueryResult, connect
 from .sqltext import MAX_SQL_BYTES, QueryError, check_query, quote_identifier
 

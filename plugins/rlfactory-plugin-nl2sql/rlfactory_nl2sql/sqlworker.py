@@ -56,8 +56,13 @@ _BOOT = ("import sys, types; package = types.ModuleType('rlfactory_nl2sql'); pac
 class _Worker:
     def __init__(self) -> None:
         package_dir = str(Path(__file__).resolve().parent)
-        self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, package_dir], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, package_dir],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         close_fds=True)
+        except OSError as exc:  # out of processes, memory or descriptors: the machine's problem, as below
+            raise RuntimeError(f"the nl2sql SQL worker process could not start ({exc}): free processes or "
+                               "file descriptors (ulimit -n, ulimit -u), or run fewer trajectories at once") from exc
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.fd = self.proc.stdin, self.proc.stdout.fileno()
         # poll, not select: a training process holds many descriptors, and select() refuses

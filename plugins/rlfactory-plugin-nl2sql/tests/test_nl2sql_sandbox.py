@@ -13,11 +13,11 @@ import pytest
 from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.types import ToolCall
 from rlfactory_nl2sql import NL2SQLEnv
+from rlfactory_nl2sql.engine import Guard
 from rlfactory_nl2sql.sandbox import (
     ERROR_KINDS,
     QueryLimits,
     QueryResult,
-    _Guard,
     _open,
     format_table,
     format_value,
@@ -127,7 +127,7 @@ def test_each_layer_refuses_writes_on_its_own(db):
     copy = db.with_name("copy.sqlite")
     copy.write_bytes(db.read_bytes())
     writable = sqlite3.connect(copy)
-    guard = _Guard(1.0)
+    guard = Guard(1.0)
     writable.set_authorizer(guard.authorize)
     try:
         for statement in ("DELETE FROM singer", "DROP TABLE singer", "ATTACH DATABASE ':memory:' AS x",

@@ -230,6 +230,19 @@ def test_a_worker_that_cannot_start_is_a_machine_error_not_a_query_error(db, mon
     assert run_query(db, "SELECT 1").rows == [(1,)]
 
 
+def test_a_worker_process_that_cannot_be_created_is_a_machine_error_too(db, monkeypatch, tmp_path):
+    """Popen's own OSError (no such interpreter here; out of processes or descriptors on a
+    busy machine) is the machine's fault too, not a QueryError."""
+    from rlfactory_nl2sql import sqlworker
+
+    sqlworker._stop_idle()
+    monkeypatch.setattr(sqlworker.sys, "executable", str(tmp_path / "no-such-python"))
+    with pytest.raises(RuntimeError, match=r"SQL worker process could not start .*no-such-python"):
+        run_query(db, "SELECT 1")
+    monkeypatch.undo()
+    assert run_query(db, "SELECT 1").rows == [(1,)]
+
+
 def test_memory_is_limited(db):
     columns = ", ".join(["randomblob(9000000)"] * 30)  # 270 MB in one row
     error = failure(db, f"SELECT {columns}", QueryLimits(time_limit_s=60, max_memory_bytes=200 * 2 ** 20))
