@@ -44,6 +44,8 @@ def _split_of(text: str) -> str:
     """One text in five is held out for testing, decided by the text itself: the splits
     never share a text, whatever their sizes."""
     return "test" if zlib.crc32(text.encode()) % 5 == 0 else "train"
+
+
 class WordCountEnv:
     """Asks how many words a text has and offers the word-count tool to find out.
 
