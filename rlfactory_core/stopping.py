@@ -19,6 +19,10 @@ checkpoint being written when it arrives is finished first: checkpoints are rena
 place complete (:mod:`rlfactory_core.checkpoint`), never left half-written. After the second
 signal the previous handlers are back, so a third acts as if rlfactory were not there.
 
+While the run closes its engines and tool servers (:meth:`RunStopper.closing`; vLLM's
+shutdown takes seconds), a signal does not cut that short: it says what is happening, and
+only the one after it acts as if rlfactory were not there.
+
 Signals are turned into callbacks on the event loop (``call_soon_threadsafe``), so nothing
 is interrupted between two bytecodes: a cancellation arrives at an ``await``, where every
 component expects one.
@@ -57,6 +61,7 @@ class RunStopper:
         self._step = 0  # the step in progress (0: none yet)
         self._finished = 0  # the last finished step
         self._updated = False  # the step in progress has its update: it is finished, not dropped
+        self._closing = False  # the run is closing its engines: a signal must not cut that short
 
     @property
     def requested(self) -> bool:
@@ -85,6 +90,12 @@ class RunStopper:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
+
+    def closing(self) -> None:
+        """The run is closing its backends and tool servers: a signal now only says so (and
+        gives the next one back to the previous handler), so that no process is left behind
+        by a user pressing Ctrl-C again while vLLM shuts down."""
+        self._closing = True
 
     def at(self, step: int, *, finished: int) -> None:
         """Step ``step`` is in progress (0: none yet); ``finished`` is the last finished one."""
@@ -124,6 +135,11 @@ class RunStopper:
 
     def _on_signal(self, signum: int) -> None:
         again = "Ctrl-C again" if signum == signal.SIGINT else "signal again"
+        if self._closing:
+            self.remove()
+            self._say(f"closing the engines and tool servers first, so that no process is left behind; {again} "
+                      "to stop without closing them")
+            return
         if self.signum is None:
             self.signum = signum
             if self._updated:

@@ -86,7 +86,7 @@ from .config import RunConfig
 from .errors import ConfigError, ModelError, RLFactoryError, one_line
 from .plugins import notify
 from .rollout.backend import GREEDY_TEMPERATURE
-from .tools import _DaemonThreadPool
+from .tools import DaemonThreadPool
 
 __all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples", "read_jsonl_samples"]
 
@@ -987,7 +987,7 @@ class _LocalEngine:
         # gigabytes an update frees would otherwise stay behind in whichever arena the executor's
         # thread of the moment used (a deepsearch run grew ~3 GB a step and was OOM-killed).
         # A daemon thread: a run stopped without saving exits without waiting for the update.
-        self.train_thread = _DaemonThreadPool(1, thread_name_prefix="rlf-train")
+        self.train_thread = DaemonThreadPool(1, thread_name_prefix="rlf-train")
         self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
                                            lr=config.train.lr, betas=tuple(config.train.betas),
                                            weight_decay=config.train.weight_decay)
@@ -1073,7 +1073,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     import torch
     import yaml
 
-    from .checkpoint import _rng_state, _set_rng_state, latest_checkpoint
+    from .checkpoint import rng_state, set_rng_state, latest_checkpoint
     from .logs import LOG_FILE, log_to
     from .metrics import LiveView, MetricsLogger
     from .models import load_tokenizer, resolve_model
@@ -1130,11 +1130,14 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     try:
         resumed = await engine.start()
     except BaseException as exc:
-        stop.remove()
+        stop.closing()
         if stop.requested and isinstance(exc, asyncio.CancelledError):
             _uncancel()
-        await engine.close()
-        await _close_task(task)
+        try:
+            await engine.close()
+            await _close_task(task)
+        finally:
+            stop.remove()
         if stop.requested and isinstance(exc, asyncio.CancelledError):
             raise _interrupted(stop, run_dir, 0 if checkpoint is None else int(checkpoint.name.split("-")[1])) \
                 from None
@@ -1178,7 +1181,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                     raise PhaseDropped
                 stop.at(step, finished=finished_step)
                 # A dropped step leaves the RNGs as they were before it (its checkpoint says so).
-                rng_before_step = _rng_state()
+                rng_before_step = rng_state()
                 times: dict[str, float] = {}
                 started = time.perf_counter()
 
@@ -1272,15 +1275,18 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         # The model is that of the last finished step: a dropped step's update never ran.
         if not stop.hard and finished_step > last_saved:
             if rng_before_step is not None:
-                _set_rng_state(rng_before_step)
+                set_rng_state(rng_before_step)
             save(finished_step)
         raise _interrupted(stop, run_dir, last_saved) from None
     finally:
-        stop.remove()
-        notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
-        logger.close()
-        await engine.close()
-        await _close_task(task)
+        stop.closing()  # a signal now says what is happening: vLLM's shutdown takes seconds
+        try:
+            notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
+            logger.close()
+            await engine.close()
+            await _close_task(task)
+        finally:
+            stop.remove()
     return run_dir
 
 

@@ -269,3 +269,26 @@ def test_ctrl_c_during_an_update_finishes_and_saves_that_step(tmp_path, tiny_mod
     # finished without its eval and without a weight sync: nothing generates after it
     assert "eval/reward/mean" not in records[1] and "time/weight_sync" not in records[1]
     assert "train/loss" in records[1]
+
+
+def test_a_signal_while_the_run_closes_its_engines_does_not_cut_that_short():
+    """vLLM's shutdown takes seconds: a Ctrl-C then says what is happening and leaves the
+    closing alone; only the one after it acts as if rlfactory were not there."""
+    import asyncio
+
+    from rlfactory_core.stopping import RunStopper
+
+    said: list[str] = []
+
+    async def close_the_run() -> str:
+        stop = RunStopper(said.append).install()
+        stop.closing()
+        os.kill(os.getpid(), signal.SIGINT)
+        while not said:  # the handler hands the signal to this loop
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # a cancellation of this task would land here
+        handler = signal.getsignal(signal.SIGINT)
+        return "ours" if getattr(handler, "__self__", None) is stop else "previous"
+
+    assert asyncio.run(close_the_run()) == "previous"
+    assert len(said) == 1 and said[0].startswith("closing the engines and tool servers first")
