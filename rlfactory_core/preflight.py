@@ -32,7 +32,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from .config import CONFIG_HINT, RunConfig, _merge, merge_layers, validate_config
+from .config import CONFIG_HINT, RunConfig, merge_dicts, merge_layers, validate_config
 from .errors import ConfigError, RLFactoryError, UnknownComponentError
 
 __all__ = ["preflight", "checked_config", "run_problems", "raise_problems", "env_option_problems",
@@ -77,7 +77,7 @@ def preflight(
     data, layer_problems = merge_layers(files, overrides, preset=preset, base=base, flags=flags)
     config, schema_problems = validate_config(data)
     problems += layer_problems + schema_problems
-    values = config if config is not None else _merge(RunConfig().model_dump(), data)
+    values = config if config is not None else merge_dicts(RunConfig().model_dump(), data)
     problems += run_problems(values, purpose=purpose, resume=resume, model=model, split=split, report_dir=report_dir)
     return config, list(dict.fromkeys(problems))
 
@@ -304,12 +304,12 @@ def model_problem(name: str, *, eval_target: bool = False) -> str | None:
     missing, a local path that is not a model directory. Nothing is prepared or loaded, and
     a hub id is taken as it is (whether it loads depends on the network or the cache).
     ``eval_target``: also a run directory (its newest checkpoint) or a checkpoint."""
-    from .models import EMBEDDED_MODELS, _source_file, is_prepared
+    from .models import EMBEDDED_MODELS, source_file, is_prepared
 
     try:
         if name in EMBEDDED_MODELS:
             if not is_prepared(name):
-                _source_file(name)  # the conversion's input must be installed
+                source_file(name)  # the conversion's input must be installed
         else:
             resolve_eval_model(name) if eval_target else _resolve(name)
     except RLFactoryError as exc:

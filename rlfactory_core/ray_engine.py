@@ -162,7 +162,7 @@ class _TrainerWorker:
               base_path: str, checkpoint: str | None) -> None:
         import torch.distributed as dist
 
-        from .checkpoint import _set_rng_state
+        from .checkpoint import set_rng_state
         from .models import load_model
         from .trainer import _DataParallel, _attn_implementation, _load_policy, _scheduler, _use_packing
 
@@ -192,7 +192,7 @@ class _TrainerWorker:
         if checkpoint is not None:
             self._load_optimizer(Path(checkpoint))
             self.scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=False))
-            _set_rng_state(torch.load(Path(checkpoint) / "rng.pt", weights_only=False))
+            set_rng_state(torch.load(Path(checkpoint) / "rng.pt", weights_only=False))
 
     def _load_optimizer(self, checkpoint: Path) -> None:
         """A local-format optimizer state (AdamW's, indexed by parameter order) into the shards."""

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import ConfigError, RLFactoryError, one_line
-from .tools import _DaemonThreadPool
+from .tools import DaemonThreadPool
 from .types import RewardOutput, Sample, ToolCall, ToolResult, Trajectory
 
 __all__ = ["RewardContext", "RewardLayer", "ScoredBatch", "build_reward_layer"]
@@ -132,7 +132,7 @@ class _Scorer:
     # Sync rewards get threads of their own, as many as they may run at once: the loop's
     # default pool has min(32, cores + 4) threads (6 here), too few for I/O-bound checks.
     # Daemon threads, so a hung reward cannot keep a finished run from exiting.
-    threads: _DaemonThreadPool | None = None
+    threads: DaemonThreadPool | None = None
     hung: int = 0  # sync calls that timed out and whose threads still run
 
 
@@ -195,7 +195,7 @@ class RewardLayer:
                 pending = scorer.reward.score(trajectory, sample, **kwargs)
             else:
                 if scorer.threads is None:
-                    scorer.threads = _DaemonThreadPool(scorer.max_concurrency, f"reward-{scorer.name}")
+                    scorer.threads = DaemonThreadPool(scorer.max_concurrency, f"reward-{scorer.name}")
                 pending = asyncio.get_running_loop().run_in_executor(
                     scorer.threads, functools.partial(scorer.reward.score, trajectory, sample, **kwargs))
             try:

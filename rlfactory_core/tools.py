@@ -48,6 +48,7 @@ __all__ = [
     "TransientToolError",
     "invalid_text",
     "valid_text",
+    "DaemonThreadPool",
     "QwenAgentTool",
     "resolve_tools",
     "run_in_tool_thread",
@@ -154,7 +155,7 @@ def valid_text(text: str) -> str:
 # -- the thread pool for sync tools -------------------------------------------------------
 
 
-class _DaemonThreadPool(concurrent.futures.Executor):
+class DaemonThreadPool(concurrent.futures.Executor):
     """A minimal thread pool whose workers are daemon threads.
 
     ``ThreadPoolExecutor`` joins its workers at interpreter exit, so a single hung tool
@@ -212,7 +213,7 @@ class _DaemonThreadPool(concurrent.futures.Executor):
                 self._work.put(None)
 
 
-_TOOL_POOL = _DaemonThreadPool(TOOL_THREADS, thread_name_prefix="rlf-tool")
+_TOOL_POOL = DaemonThreadPool(TOOL_THREADS, thread_name_prefix="rlf-tool")
 
 
 async def run_in_tool_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
