@@ -78,7 +78,9 @@ def rlfactory_register_parsers(register: Callable[..., None]) -> None:
 
     :param register: call ``register(parser)`` with an instance that has ``name``,
         ``render_system_prompt(system_prompt, tools) -> str``,
-        ``parse(text) -> ParsedTurn`` (must never raise on model text) and
+        ``parse(text) -> ParsedTurn`` (must never raise on model text, and must take time
+        linear in its length: ``rlfactory_core.testing.check_parser_conformance`` checks
+        both on an adversarial corpus) and
         ``render_tool_results(results) -> list[Message]``
         (``rlfactory_core.interfaces.ResponseParser``). Raises ``RegistrationError`` or
         ``DuplicateComponentError`` as for tools.
