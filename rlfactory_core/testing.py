@@ -34,6 +34,7 @@ from .types import ParsedTurn, ParseError, ToolCall
 
 __all__ = [
     "registered_plugin",
+    "build_tiny_model",
     "build_tiny_vision_model",
     "VISION_CHAT_TEMPLATE",
     "ParserCase",
@@ -74,6 +75,29 @@ def registered_plugin(plugin: Any, name: str = "test-plugin") -> Iterator[pluggy
         yield pm
     finally:
         plugins.reset_plugins()
+
+
+def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0) -> Any:
+    """Save a tiny, random Llama (3 layers of 32) with the tokenizer of ``tokenizer_source``
+    (a model directory; the default model's in the tests: its real chat template and ids)
+    to ``dest``, for tests of a run's mechanics (training, resuming, an env's tools and
+    servers) in seconds. Random weights: it never makes a tool call and answers nothing
+    right. Returns ``dest`` as a ``Path``."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    dest = Path(dest)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    LlamaForCausalLM(config).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    return dest
 
 
 def build_tiny_vision_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, image_size: int = 28) -> Any:

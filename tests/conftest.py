@@ -45,21 +45,11 @@ def default_model_dir():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_dir):
-    """A 2-layer Llama with the default model's tokenizer (real chat template, real ids);
+    """A 3-layer Llama with the default model's tokenizer (real chat template, real ids);
     random weights: it never makes a tool call and answers nothing right."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from rlfactory_core.testing import build_tiny_model
 
-    path = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), default_model_dir)
 
 
 @pytest.fixture(scope="session")

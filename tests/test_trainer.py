@@ -356,10 +356,12 @@ def _env():
 
 
 @pytest.mark.slow
-def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, tiny_model_dir):
+    # the mechanics of a kill, not learning: the tiny model, enough steps that the kill lands mid-run
     run_dir = tmp_path / "run"
-    args = ["train", "--env", "arithmetic", "--run-dir", str(run_dir), *SMALL_RUN, "train.steps=3",
-            "eval.every=0", "logging.tensorboard=false"]
+    steps = 6
+    args = ["train", "--env", "arithmetic", "--run-dir", str(run_dir), *SMALL_RUN, f"train.steps={steps}",
+            f"model.name={tiny_model_dir}", "eval.every=0", "logging.tensorboard=false"]
     log = tmp_path / "train.log"
     with open(log, "w") as out:  # a file, not a pipe: a full pipe nobody reads would block the run
         process = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", *args], stdout=out,
@@ -367,18 +369,17 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     try:
         deadline = time.time() + 600
         while time.time() < deadline and latest_checkpoint(run_dir) is None and process.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.05)
         assert latest_checkpoint(run_dir) is not None, log.read_text()[-2000:]
     finally:
         process.send_signal(signal.SIGKILL)  # no chance to clean up: mid-step, mid-anything
         process.wait()
     saved = int(json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["step"])
-    assert saved < 3
+    assert saved < steps
     result = _rlf("train", "--resume", str(run_dir), timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    steps = [r["step"] for r in read_metrics(run_dir)]
-    assert steps == [0, 1, 2, 3]  # nothing repeated, nothing missing
-    assert latest_checkpoint(run_dir).name == "step-000003"
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(steps + 1))  # nothing repeated, nothing missing
+    assert latest_checkpoint(run_dir).name == f"step-{steps:06d}"
 
 
 def test_cli_reports_config_errors_all_at_once(rlf):

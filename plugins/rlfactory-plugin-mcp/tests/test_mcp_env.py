@@ -171,8 +171,9 @@ async def test_a_rollout_recovers_when_a_server_is_killed_mid_run(files):
 
 
 @pytest.mark.slow
-def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path, server_marker):
-    """`rlf train --env mcp` (the embedded model, hf backend, 2 steps) then `rlf eval`.
+def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path, server_marker, tiny_model_dir):
+    """`rlf train --env mcp` (a tiny model, hf backend, 2 steps) then `rlf eval`: the servers'
+    lifecycle around real runs (tool calls through the env are tested above, scripted).
 
     The servers belong to the `rlf` subprocess, and one it left behind would be re-parented
     when it exits: they carry a marker in their environment and are looked for among all
@@ -185,7 +186,7 @@ def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path, server_marker):
     config.write_text(json.dumps({"mcpServers": {"box": marked(stdio_toolbox(), marker, outlives_stdin=True),
                                                  "time": marked(time_server(), marker)}}))
     run_dir = tmp_path / "run"
-    common = [f"env_options={{mcp_config: {config}, data: {tasks}}}", "backend=hf", "data.eval_size=2",
+    common = [f"env_options={{mcp_config: {config}, data: {tasks}}}", "backend=hf", f"model.name={tiny_model_dir}", "data.eval_size=2",
               "logging.live=off", "rollout.max_tokens_per_turn=32", "rollout.max_turns=2"]
     with open(tmp_path / "train.log", "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "mcp", "--run-dir",
