@@ -55,22 +55,12 @@ def rlfactory_register_envs(register):
 
 
 def tiny_model(directory: Path) -> Path:
-    """A 2-layer Llama with heads of 32 (vLLM's CPU attention takes no smaller) and the
+    """A tiny Llama with heads of 32 (vLLM's CPU attention takes no smaller) and the
     default model's tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     from rlfactory_core.models import DEFAULT_MODEL, prepare_model
+    from rlfactory_core.testing import build_tiny_model
 
-    tokenizer = AutoTokenizer.from_pretrained(prepare_model(DEFAULT_MODEL))
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    return build_tiny_model(directory, prepare_model(DEFAULT_MODEL), hidden_size=64)
 
 
 def main() -> None:

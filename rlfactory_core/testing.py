@@ -77,8 +77,9 @@ def registered_plugin(plugin: Any, name: str = "test-plugin") -> Iterator[pluggy
         plugins.reset_plugins()
 
 
-def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0) -> Any:
-    """Save a tiny, random Llama (3 layers of 32) with the tokenizer of ``tokenizer_source``
+def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_size: int = 32) -> Any:
+    """Save a tiny, random Llama (3 layers of ``hidden_size`` in 2 heads; vLLM's CPU
+    attention needs heads of 32 or more: ``hidden_size=64``) with the tokenizer of ``tokenizer_source``
     (a model directory; the default model's in the tests: its real chat template and ids)
     to ``dest``, for tests of a run's mechanics (training, resuming, an env's tools and
     servers) in seconds. Random weights: it never makes a tool call and answers nothing
@@ -91,7 +92,7 @@ def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0) -> Any:
     dest = Path(dest)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
