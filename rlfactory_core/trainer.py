@@ -1035,6 +1035,14 @@ class _LocalEngine:
 # --------------------------------------------------------------------------- the loop
 
 
+def _eval_summary(metrics: dict[str, Any]) -> str:
+    """``reward R, accuracy A``; no accuracy when no reward judges correctness."""
+    text = f"reward {metrics['eval/reward/mean']:.3f}"
+    if "eval/reward/accuracy" in metrics:
+        text += f", accuracy {metrics['eval/reward/accuracy']:.3f}"
+    return text
+
+
 def _say(console: Any, text: str) -> None:
     """A line for the user at once (a stop request's answer), above the live view."""
     from rich.text import Text
@@ -1173,8 +1181,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 metrics = await stop.droppable(
                     _run_eval(0, eval_samples, engine, config, run_dir / "samples", tokenizer))
                 logger.log(0, metrics)
-                view.message(f"eval before training: reward {metrics['eval/reward/mean']:.3f}, "
-                             f"accuracy {metrics['eval/reward/accuracy']:.3f}, "
+                view.message(f"eval before training: {_eval_summary(metrics)}, "
                              f"tool calls/trajectory {metrics['eval/tools/calls_per_trajectory']:.2f}")
             for step in range(start_step + 1, config.train.steps + 1):
                 if stop.requested:
@@ -1253,8 +1260,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                         metrics.update(await stop.droppable(_run_eval(step, eval_samples, engine, config,
                                                                       run_dir / "samples", tokenizer)))
                         times["time/eval"] = time.perf_counter() - t
-                        view.message(f"eval at step {step}: reward {metrics['eval/reward/mean']:.3f}, "
-                                     f"accuracy {metrics['eval/reward/accuracy']:.3f}")
+                        view.message(f"eval at step {step}: {_eval_summary(metrics)}")
                 if step % config.checkpoint.every == 0 or step == config.train.steps or stop.requested:
                     view.phase("checkpoint")
                     t = time.perf_counter()
