@@ -66,6 +66,7 @@ def median(values: list[float]) -> float:
 async def rollout_throughput(args: argparse.Namespace, workers: int) -> tuple[float, int, float]:
     """``(tokens/s, model tokens, seconds)`` of one rollout batch over ``workers`` rollout workers."""
     from rlfactory_core import trainer as T
+    from rlfactory_core.task import build_task
     from rlfactory_core.config import load_config
     from rlfactory_core.models import resolve_model
     from rlfactory_core.ray_engine import RayEngine
@@ -75,7 +76,7 @@ async def rollout_throughput(args: argparse.Namespace, workers: int) -> tuple[fl
                               f"ray.rollout.workers={workers}", f"ray.rollout.cpus={cpus / workers - 0.01:.2f}",
                               "grpo.kl_coef=0", "rollout.max_turns=2", "rollout.max_tokens_per_turn=48",
                               "rollout.sampling.temperature=0.7", "rollout.sampling.seed=11"])
-    task = T._build_task(config.model_copy(update={"engine": "local"}))
+    task = build_task(config.model_copy(update={"engine": "local"}))
     samples = list(task.env.dataset(size=args.rollout_prompts, split="train"))
     engine = RayEngine(config, base_path=resolve_model(config.model.name), checkpoint=None)
     try:

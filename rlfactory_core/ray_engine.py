@@ -284,10 +284,10 @@ class _ToolActor:
 
     def __init__(self, config_json: dict[str, Any], name: str):
         _quiet_worker(1)
-        from .trainer import _build_env
+        from .task import build_env
 
         config = RunConfig.model_validate(config_json)
-        tools = {t.name: t for t in getattr(_build_env(config), "tools", []) or []}
+        tools = {t.name: t for t in getattr(build_env(config), "tools", []) or []}
         if name not in tools:
             raise ConfigError([f"ray.tool_actors.names: the {config.env!r} env has no tool {name!r}"])
         self.tool = tools[name]
@@ -366,7 +366,8 @@ class _RolloutWorker:
                     tools: dict[str, Any], judges: list[Any], weights: Any = None) -> None:
         from .models import load_tokenizer
         from .rollout import ChatTemplate
-        from .trainer import _build_task, _LocalRollout, _make_backend
+        from .task import build_task
+        from .trainer import _LocalRollout, _make_backend
 
         config = RunConfig.model_validate(config_json)
         shared = {}
@@ -374,7 +375,7 @@ class _RolloutWorker:
             tool_name, description, parameters = await actor.describe.remote()
             shared[name] = _SharedTool(tool_name, description, parameters, actor)
         pooled = set(config.ray.judge.rewards)
-        task = _build_task(config, shared_tools=shared,
+        task = build_task(config, shared_tools=shared,
                            make_reward=lambda spec: _PooledReward(spec.name, judges) if spec.name in pooled else None)
         backend = _make_backend(config, model_path)
         if hasattr(backend, "start"):

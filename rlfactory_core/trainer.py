@@ -86,6 +86,8 @@ from .config import RunConfig
 from .errors import ConfigError, ModelError, RLFactoryError, one_line
 from .plugins import notify
 from .rollout.backend import GREEDY_TEMPERATURE
+from .data import batch_indices, load_samples, read_jsonl_samples
+from .task import Task, build_task
 from .tools import DaemonThreadPool
 
 __all__ = ["train", "evaluate", "TrainingInterrupted", "load_samples", "read_jsonl_samples"]
@@ -128,134 +130,6 @@ def evaluate(config: RunConfig, model: str, *, split: str = "test", size: int | 
 
 
 # --------------------------------------------------------------------------- setup
-
-
-@dataclass
-class _Task:
-    """What a rollout needs, besides the model."""
-
-    env: Any
-    parser: Any
-    tool_manager: Any
-    rewards: Any  # rlfactory_core.rewards.RewardLayer
-    eval_rewards: Any  # config.eval.rewards, or the training layer when those are not set
-    offers_tools: bool
-
-    async def close_rewards(self) -> None:
-        await self.rewards.close()
-        if self.eval_rewards is not self.rewards:
-            await self.eval_rewards.close()
-
-
-def _build_env(config: RunConfig) -> Any:
-    """The env of ``config``, its options checked (all unknown ones reported at once)."""
-    from .plugins import get_component
-    from .preflight import env_option_problems
-
-    env_cls = get_component("env", config.env)
-    env_options = dict(config.env_options)
-    problems = env_option_problems(env_cls, config.env, env_options, config.parser)
-    if problems:
-        raise ConfigError(problems)
-    if "parser" in inspect.signature(env_cls).parameters:
-        # An env that writes tool calls itself (worked examples) gets the run's parser.
-        env_options.setdefault("parser", config.parser)
-    try:
-        env = env_cls(**env_options)
-    except RLFactoryError:
-        raise  # the env's own list of problems
-    except Exception as exc:  # noqa: BLE001 - a constructor refusing an option's value is a config problem
-        raise ConfigError([f"env_options: the {config.env!r} env refused its options ({one_line(exc)})"]) from exc
-    return env
-
-
-def _build_task(config: RunConfig, *, shared_tools: dict[str, Any] | None = None, make_reward: Any = None) -> _Task:
-    """The env, parser, tool manager and reward layers of ``config``, every option checked.
-
-    The ray engine passes ``shared_tools`` (name -> a stand-in for the env's tool of that
-    name, served by a tool actor) and ``make_reward`` (a stand-in for a reward scored on the
-    judge pool; see :func:`rlfactory_core.rewards.build_reward_layer`)."""
-    from .plugins import get_component
-    from .rewards import build_reward_layer
-
-    env = _build_env(config)
-    parser = get_component("parser", config.parser)
-    manager_cls = get_component("tool_manager", config.tool_manager.name)
-    tools = list(getattr(env, "tools", []) or [])
-    if shared_tools:
-        missing = sorted(set(shared_tools) - {t.name for t in tools})
-        if missing:
-            raise ConfigError([f"ray.tool_actors.names: the {config.env!r} env has no tool {name!r} (its tools: "
-                               f"{', '.join(t.name for t in tools) or 'none'})" for name in missing])
-        tools = [shared_tools.get(t.name, t) for t in tools]
-    try:  # e.g. a parser made for one tool (search_r1) and an env with others
-        parser.render_system_prompt("", tools)
-    except Exception as exc:  # noqa: BLE001 - any refusal is a config problem, reported now
-        raise ConfigError([f"parser: {config.parser!r} cannot show the model the {config.env!r} env's tools "
-                           f"({one_line(exc)})"]) from exc
-    try:
-        tool_manager = manager_cls(tools, **config.tool_manager.options)
-    except RLFactoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - as for the env: the options were refused
-        raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
-    rewards = build_reward_layer(config.rewards, tool_manager, make_reward=make_reward)
-    eval_rewards = rewards if config.eval.rewards is None else build_reward_layer(
-        config.eval.rewards, tool_manager, make_reward=make_reward)
-    return _Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, eval_rewards=eval_rewards,
-                 offers_tools=bool(tools))
-
-
-def read_jsonl_samples(path: str | os.PathLike[str], id_prefix: str) -> list[dict[str, Any]]:
-    """Samples from a JSONL file, one JSON object a line (blank lines skipped); a row without
-    an ``id`` gets ``<id_prefix>-<line>``. A bad line raises :class:`ConfigError` naming it."""
-    import json
-
-    samples = []
-    try:
-        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()  # ~ as preflight reads it
-    except OSError as exc:
-        raise ConfigError([f"cannot read the samples file {str(path)!r}: {exc}"]) from exc
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError([f"{path}:{number}: not valid JSON ({exc.msg})"],
-                              hint="one JSON object per line") from exc
-        if not isinstance(row, dict):
-            raise ConfigError([f"{path}:{number}: a sample must be a JSON object, got {type(row).__name__}"])
-        row.setdefault("id", f"{id_prefix}-{number}")
-        samples.append(row)
-    return samples
-
-
-def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> list[dict[str, Any]]:
-    """Samples of ``split`` from the config's JSONL file, else the env's own ``dataset``."""
-    path = config.data.train_file if split == "train" else config.data.eval_file
-    if path:
-        samples = read_jsonl_samples(path, split)
-        return samples[:size] if size else samples
-    if not hasattr(env, "dataset"):
-        raise ConfigError([f"data.{'train' if split == 'train' else 'eval'}_file: the {config.env!r} env has no "
-                           "built-in data; give a JSONL file"])
-    import inspect
-
-    if "split" not in inspect.signature(env.dataset).parameters:
-        # Without splits, evaluation would run on training samples: refuse rather than guess.
-        raise ConfigError([f"data.eval_file: the {config.env!r} env's dataset() has no split; give JSONL files "
-                           "(data.train_file, data.eval_file)"])
-    # No size: the env's own default, e.g. all of a fixed dataset's split (a generator like
-    # the arithmetic env picks its own number).
-    try:
-        return list(env.dataset(split=split) if size is None else env.dataset(size=size, split=split))
-    except RLFactoryError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - e.g. a split the env does not have (`rlf eval --split dev`)
-        raise ConfigError([f"data: the {config.env!r} env cannot give its {split!r} split ({one_line(exc)})"],
-                          hint="`rlf eval --split` takes the env's splits (train, test); or give JSONL files "
-                               "(data.train_file, data.eval_file)") from exc
 
 
 def _new_run_dir(config: RunConfig) -> Path:
@@ -405,24 +279,6 @@ def _plugin_versions() -> dict[str, str]:
     from .plugins import plugin_infos
 
     return {info.name: f"{info.distribution} {info.version}".strip() for info in plugin_infos()}
-
-
-# --------------------------------------------------------------------------- data order
-
-
-def _batch_indices(num_samples: int, count: int, seed: int, position: int, shuffle: bool = True) -> list[int]:
-    """``count`` sample indices starting at global ``position``: epoch ``e`` visits the
-    samples in a permutation fixed by (seed, e), or in file order without ``shuffle``."""
-    out = []
-    while len(out) < count:
-        epoch, offset = divmod(position, num_samples)
-        order = list(range(num_samples))
-        if shuffle:
-            random.Random(f"{seed}:{epoch}").shuffle(order)
-        take = min(count - len(out), num_samples - offset)
-        out.extend(order[offset:offset + take])
-        position += take
-    return out
 
 
 # --------------------------------------------------------------------------- metrics
@@ -934,7 +790,7 @@ class _LocalRollout:
     """Rollout and rewards with one generation backend, in this process (also what each of
     the ray engine's rollout workers runs)."""
 
-    def __init__(self, task: _Task, backend: Any, chat: Any):
+    def __init__(self, task: Task, backend: Any, chat: Any):
         self.task, self.backend, self.chat = task, backend, chat
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -959,7 +815,7 @@ class _LocalEngine:
     """The policy (and the reference model), its optimizer, and the generation backend, all
     in this process."""
 
-    def __init__(self, config: RunConfig, task: _Task, tokenizer: Any, *, base_path: Path,
+    def __init__(self, config: RunConfig, task: Task, tokenizer: Any, *, base_path: Path,
                  checkpoint: Path | None, processor: Any = None):
         self.config, self.task, self.tokenizer, self.processor = config, task, tokenizer, processor
         self.base_path, self.checkpoint = base_path, checkpoint
@@ -1098,7 +954,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     pooled = set(config.ray.judge.rewards) if config.engine == "ray" else set()
     # The ray engine's rollout workers score; here the task gives the data and checks the
     # config, so judge-pool rewards (a judge model) are not loaded in this process.
-    task = _build_task(config, make_reward=lambda spec: _NotScoredHere(spec.name) if spec.name in pooled else None)
+    task = build_task(config, make_reward=lambda spec: _NotScoredHere(spec.name) if spec.name in pooled else None)
     try:
         train_samples = load_samples(config, task.env, "train", config.data.train_size)
         eval_samples = load_samples(config, task.env, "test", config.data.eval_size)
@@ -1108,7 +964,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         tokenizer = load_tokenizer(base_path)
         processor = _check_images(config, task.env, base_path)
     except BaseException:
-        await _close_task(task)  # an MCP env's servers, a judge's client
+        await task.close()  # an MCP env's servers, a judge's client
         raise
 
     # ---- write the run directory, announce
@@ -1143,7 +999,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
             _uncancel()
         try:
             await engine.close()
-            await _close_task(task)
+            await task.close()
         finally:
             stop.remove()
         if stop.requested and isinstance(exc, asyncio.CancelledError):
@@ -1194,7 +1050,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
 
                 # 1-2. prompts and rollout
                 view.phase("rollout")
-                indices = _batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
+                indices = batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
                                          state["position"], shuffle=config.data.shuffle)
                 samples = [train_samples[i] for i in indices]
                 trajectories, scored, rollout_times = await stop.droppable(engine.rollout(
@@ -1290,16 +1146,10 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
             notify("rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
             logger.close()
             await engine.close()
-            await _close_task(task)
+            await task.close()
         finally:
             stop.remove()
     return run_dir
-
-
-async def _close_task(task: _Task) -> None:
-    await task.close_rewards()
-    with contextlib.suppress(Exception):
-        await task.tool_manager.close()
 
 
 async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int | None, report_dir: Path | None,
@@ -1312,7 +1162,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
 
     # a run's newest checkpoint, a checkpoint, an embedded name (prepared), a directory or a hub id
     path = resolve_eval_model(model)
-    task = _build_task(config)
+    task = build_task(config)
     try:
         # The whole split unless a size is given: `rlf eval` reports on the split, not on the
         # data.eval_size subset that periodic evaluation during training uses.
@@ -1321,7 +1171,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
         processor = _check_images(config, task.env, path, training=False)
         backend = _make_backend(config, path)
     except BaseException:
-        await _close_task(task)
+        await task.close()
         raise
     try:
         if hasattr(backend, "start"):
@@ -1331,7 +1181,7 @@ async def _evaluate_only(config: RunConfig, model: str, *, split: str, size: int
                                   report_dir / "samples" if report_dir else None, tokenizer)
     finally:
         await backend.close()
-        await _close_task(task)
+        await task.close()
     report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),
               "metrics": metrics}
     if report_dir is not None:

@@ -216,7 +216,7 @@ def test_the_cli_shows_the_conflict_on_both_rows_the_same_in_either_order(intrud
 
 def test_rlf_train_names_the_way_out_and_accepts_it(intruder_dir, monkeypatch, rlf, tmp_path):
     from rlfactory_core.config import load_config
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     monkeypatch.syspath_prepend(str(intruder_dir))
     code, out, err = rlf("train", "--env", "arithmetic", "--run-dir", str(tmp_path / "run"), "train.steps=1")
@@ -231,7 +231,7 @@ def test_rlf_train_names_the_way_out_and_accepts_it(intruder_dir, monkeypatch, r
     saved.write_text(__import__("yaml").safe_dump(config.model_dump(mode="json")))
     resumed = load_config([saved], ["train.steps=2"])
     assert (resumed.env, resumed.parser) == ("rlfactory-plugin-arithmetic:arithmetic", "rlfactory-plugin-qwen3:qwen3")
-    task = _build_task(resumed)
+    task = build_task(resumed)
     assert type(task.env).__module__.startswith("rlfactory_arithmetic")
     assert type(task.parser).__name__ == "Qwen3Parser"
     assert [t.name for t in task.env.tools] == ["calculator"]

@@ -334,7 +334,8 @@ def test_the_generated_env_trains_and_evaluates_with_its_tool_and_reward(rlf, tm
 
     from rlfactory_core import plugins
     from rlfactory_core.config import load_config
-    from rlfactory_core.trainer import _build_task, load_samples
+    from rlfactory_core.task import build_task
+    from rlfactory_core.data import load_samples
     from rlfactory_core.types import ToolCall
 
     code, stdout, stderr = rlf("plugins", "new", "demo", "--output-dir", str(tmp_path), "--kinds", "env,tool,reward")
@@ -347,7 +348,7 @@ def test_the_generated_env_trains_and_evaluates_with_its_tool_and_reward(rlf, tm
     plugins.reset_plugins()
     try:
         config = load_config([], ["env=demo", rewards])
-        task = _build_task(config)
+        task = build_task(config)
         assert [tool.name for tool in task.env.tools] == ["demo_word_count"] and task.offers_tools
         train, test = load_samples(config, task.env, "train", 3), load_samples(config, task.env, "test", 3)
         assert len(train) == len(test) == 3 and not {s["text"] for s in train} & {s["text"] for s in test}

@@ -10,6 +10,8 @@ from rich.console import Console
 
 from rlfactory_core import hookimpl
 from rlfactory_core import trainer as T
+from rlfactory_core.data import load_samples
+from rlfactory_core.task import build_env
 from rlfactory_core.config import load_config
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.preflight import preflight
@@ -199,10 +201,10 @@ def test_default_run_directories_are_never_shared(tmp_path, monkeypatch):
 
 def test_a_split_the_env_does_not_have_is_a_config_error():
     config = load_config([], [])
-    env = T._build_env(config)
+    env = build_env(config)
     with pytest.raises(ConfigError, match=r"data: the 'arithmetic' env cannot give its 'dev' split \(ValueError: "
                                           r"the arithmetic env has splits 'train' and 'test', not 'dev'\)"):
-        T.load_samples(config, env, "dev", 4)
+        load_samples(config, env, "dev", 4)
 
 
 def test_hf_backend_options_are_checked_up_front():

@@ -27,6 +27,7 @@ from rlfactory_core.config import load_config  # noqa: E402
 from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402
 from rlfactory_core.ray_engine import RayEngine, _chunks, _remote, _SharedTool, _ToolActor  # noqa: E402
+from rlfactory_core.task import build_task  # noqa: E402
 from rlfactory_core.types import ToolCall  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -84,7 +85,7 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
                  "ray.rollout.workers=2", "ray.max_restarts=1"]
     config = tiny_config(tiny_model_dir, *overrides)
     local_config = config.model_copy(update={"engine": "local"})
-    task = T._build_task(local_config)
+    task = build_task(local_config)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     samples = list(task.env.dataset(size=4, split="train"))
 
@@ -147,7 +148,7 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
 
 def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_gets_the_new_weights(ray_cluster, tiny_model_dir):
     config = tiny_config(tiny_model_dir, "ray.rollout.workers=2", "ray.trainer.workers=1")
-    task = T._build_task(config.model_copy(update={"engine": "local"}))
+    task = build_task(config.model_copy(update={"engine": "local"}))
     samples = list(task.env.dataset(size=6, split="train"))
 
     async def run():

@@ -202,11 +202,11 @@ def test_ctrl_c_drops_the_step_in_flight_saves_the_last_one_and_resume_redoes_it
     import yaml
     from rlfactory_arithmetic import ArithmeticEnv
 
-    from rlfactory_core.trainer import _batch_indices
+    from rlfactory_core.data import batch_indices
 
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     train_ids = [s["id"] for s in ArithmeticEnv().dataset(split="train")]
-    expected = _batch_indices(len(train_ids), 4, seed=saved["train"]["seed"], position=0)
+    expected = batch_indices(len(train_ids), 4, seed=saved["train"]["seed"], position=0)
     assert records[1]["samples"] + records[2]["samples"] == [train_ids[i] for i in expected]
     assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text()) == {"step": 2, "position": 4}
 

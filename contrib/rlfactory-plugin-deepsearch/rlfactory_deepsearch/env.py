@@ -343,7 +343,7 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
         from .search_r1_format import load_search_r1_parquet
 
         return load_search_r1_parquet(path)
-    from rlfactory_core.trainer import read_jsonl_samples
+    from rlfactory_core.data import read_jsonl_samples
 
     samples = read_jsonl_samples(path, path.stem)
     for number, row in enumerate(samples, 1):

@@ -169,7 +169,7 @@ def test_the_gpu_config_file_is_a_valid_config(tmp_path):
     value or an env_options.parser that differs from the run's is an error here), with its
     data files swapped for tiny parquet files in Search-R1's schema. The model, engine and
     ray sections are read but not asserted on: they are the hardware's business."""
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     recipe = CONFIGS / "search-r1-qwen3-4b.yaml"
     config = load_config([recipe])
@@ -181,7 +181,7 @@ def test_the_gpu_config_file_is_a_valid_config(tmp_path):
         ("who wrote hamlet?", ["William Shakespeare", "Shakespeare"]),
         ("what is the capital of peru?", ["Lima"])]) for split in ("train", "test")}
     overrides = [f"env_options.{split}_file={path}" for split, path in files.items()]
-    task = _build_task(load_config([recipe], overrides))  # the url is kept: nothing is searched here
+    task = build_task(load_config([recipe], overrides))  # the url is kept: nothing is searched here
     env = task.env
     assert isinstance(env, DeepSearchEnv) and env.url == config.env_options["url"]
     assert env.parser.name == config.parser and [t.name for t in env.tools] == ["search"]
@@ -191,7 +191,7 @@ def test_the_gpu_config_file_is_a_valid_config(tmp_path):
         assert [s["question"] for s in samples] == ["who wrote hamlet?", "what is the capital of peru?"]
         assert samples[0]["golden_answers"] == ["William Shakespeare", "Shakespeare"]
     with pytest.raises(ConfigError, match="the 'deepsearch' env has no option 'retreiver'"):
-        _build_task(load_config([recipe], [*overrides, "env_options.retreiver=http"]))  # what this guards
+        build_task(load_config([recipe], [*overrides, "env_options.retreiver=http"]))  # what this guards
 
 
 def test_registered_through_the_plugin_manager():
@@ -203,10 +203,10 @@ def test_registered_through_the_plugin_manager():
 
 
 def test_the_env_writes_its_examples_with_the_runs_parser():
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     def env_parser(*overrides):
-        return _build_task(load_config([], list(overrides), flags={"env": "deepsearch"})).env.parser.name
+        return build_task(load_config([], list(overrides), flags={"env": "deepsearch"})).env.parser.name
 
     assert env_parser() == "search_r1"  # the env's default run
     assert env_parser("parser=qwen3") == "qwen3"  # told nothing else, the env follows the run

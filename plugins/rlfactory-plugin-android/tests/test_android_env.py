@@ -404,10 +404,10 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     from rlfactory_core.config import load_config
     from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
     from rlfactory_core.rollout import ChatTemplate, RolloutConfig, rollout
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     config = load_config([], [], flags={"env": "android"})
-    built = _build_task(config)
+    built = build_task(config)
     env = built.env
     assert env.few_shot and built.parser.name == "qwen3"
     samples = {s["id"]: s for s in env.dataset(None, "train")}
@@ -525,11 +525,11 @@ def test_bad_options_and_task_files_are_reported_all_at_once(tmp_path):
 
 def test_registered_through_the_plugin_manager_with_a_worked_example_in_the_runs_parser():
     from rlfactory_core.config import load_config
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     assert get_component("env", "android") is AndroidEnv
     assert get_component("reward", "android_task") is AndroidTaskReward
-    built = _build_task(load_config([], [], flags={"env": "android"}))
+    built = build_task(load_config([], [], flags={"env": "android"}))
     assert isinstance(built.env, AndroidEnv) and built.parser.name == "qwen3"
     example = built.env._example_messages()
     assert '<tool_call>\n{"name": "open_app", "arguments": {"app": "Settings"}}\n</tool_call>' in example[1].content

@@ -153,7 +153,7 @@ class MCPEnv:
 
 
 def _read_tasks(path: Path) -> list[dict[str, Any]]:
-    from rlfactory_core.trainer import read_jsonl_samples
+    from rlfactory_core.data import read_jsonl_samples
 
     rows = read_jsonl_samples(path, path.stem)
     problems = []

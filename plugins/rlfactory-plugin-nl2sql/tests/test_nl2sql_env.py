@@ -51,10 +51,10 @@ def test_the_env_brings_its_run_defaults_and_the_user_can_change_them():
 
 
 def test_the_trainer_builds_the_task_with_the_runs_parser(built):
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     def task(*overrides):
-        return _build_task(load_config([], [f"env_options={{data_dir: {built}}}", *overrides], flags={"env": "nl2sql"}))
+        return build_task(load_config([], [f"env_options={{data_dir: {built}}}", *overrides], flags={"env": "nl2sql"}))
 
     built_task = task()
     assert isinstance(built_task.env, NL2SQLEnv) and built_task.parser.name == "qwen3" and built_task.offers_tools
@@ -98,10 +98,10 @@ def test_bad_env_options_are_all_reported_at_once(tmp_path):
         f"env_options.splits.validation: no file {tmp_path / 'bird' / 'val.json'}; set splits: "
         "{validation: FILE} (relative to data_dir or absolute), or {validation: null} to drop it"]
     # the same problems reach a run as one config error
-    from rlfactory_core.trainer import _build_task
+    from rlfactory_core.task import build_task
 
     with pytest.raises(ConfigError, match="env_options.max_rows: must be an integer from 1 to 1000, got 0"):
-        _build_task(load_config([], ["env_options={max_rows: 0}"], flags={"env": "nl2sql"}))
+        build_task(load_config([], ["env_options={max_rows: 0}"], flags={"env": "nl2sql"}))
 
 
 def test_an_unknown_split_or_size_is_a_config_error(env):
