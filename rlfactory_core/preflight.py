@@ -326,7 +326,7 @@ def _resolve(name: str) -> Any:
 def resolve_eval_model(model: str) -> Path | str:
     """What ``rlf eval --model`` names, as something to load: a run directory's newest
     checkpoint, a checkpoint's model, else :func:`~rlfactory_core.models.resolve_model`."""
-    from .checkpoint import latest_checkpoint
+    from .training.checkpoint import latest_checkpoint
 
     given = Path(model)
     if given.is_dir() and (given / "checkpoints").is_dir():
@@ -340,7 +340,7 @@ def resolve_eval_model(model: str) -> Path | str:
 
 
 def _run_dir_problems(run_dir: Any, resume: str | os.PathLike[str] | None) -> list[str]:
-    from .checkpoint import latest_checkpoint
+    from .training.checkpoint import latest_checkpoint
 
     if resume is not None:
         resume = Path(resume)

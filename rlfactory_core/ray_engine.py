@@ -162,7 +162,7 @@ class _TrainerWorker:
               base_path: str, checkpoint: str | None) -> None:
         import torch.distributed as dist
 
-        from .checkpoint import set_rng_state
+        from .training.checkpoint import set_rng_state
         from .models import load_model
         from .trainer import _DataParallel, _attn_implementation, _load_policy, _scheduler, _use_packing
 
@@ -234,7 +234,7 @@ class _TrainerWorker:
         """Every rank gathers; rank 0 writes the checkpoint in the local engine's format."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        from .checkpoint import save_checkpoint
+        from .training.checkpoint import save_checkpoint
         from .models import load_tokenizer
 
         model_state = self._full_model_state()

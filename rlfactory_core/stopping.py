@@ -16,7 +16,7 @@ The first signal is answered at once with a line saying what will happen, and th
 A second signal stops without saving: the run's task is cancelled wherever it is, and only
 the clean-up runs (backends and tool servers are closed, so no process is left behind). A
 checkpoint being written when it arrives is finished first: checkpoints are renamed into
-place complete (:mod:`rlfactory_core.checkpoint`), never left half-written. After the second
+place complete (:mod:`rlfactory_core.training.checkpoint`), never left half-written. After the second
 signal the previous handlers are back, so a third acts as if rlfactory were not there.
 
 While the run closes its engines and tool servers (:meth:`RunStopper.closing`; vLLM's

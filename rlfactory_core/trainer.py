@@ -15,7 +15,7 @@ One training step:
    (``reward/errors``): one bad trajectory never ends the run.
 4. **Advantages**: reward minus the group mean, scaled by ``grpo.advantage_norm``; per-turn
    rewards from the env are added on the tokens of their turn and the turns before it
-   (``rlfactory_core.algorithms.grpo`` has the formulas and the reasons).
+   (``rlfactory_core.training.grpo`` has the formulas and the reasons).
 5. **Old logprobs**: the trainer's own logprobs of the sampled tokens before any update.
    With one optimizer step per batch (``epochs = mini_batches = 1``, the default) the
    policy *is* the old policy, so they come from the same forward pass as the loss
@@ -36,7 +36,7 @@ One training step:
    were constant (nothing to learn).
 9. **Eval** every ``eval.every`` steps on held-out samples (and before the first step and
    after the last), with sample trajectories written as text; **checkpoint** every
-   ``checkpoint.every`` steps and at the end, atomically (``rlfactory_core.checkpoint``).
+   ``checkpoint.every`` steps and at the end, atomically (``rlfactory_core.training.checkpoint``).
 
 Engines: the loop drives an engine (``_LocalEngine`` here: everything in this process; or,
 with ``engine: ray``, ``rlfactory_core.ray_engine.RayEngine``: rollout workers, an FSDP2
@@ -333,7 +333,7 @@ def _build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: 
     images (a vision-language model's ``processor``), their model inputs too."""
     import torch
 
-    from .algorithms.grpo import group_advantages, token_advantages
+    from .training.grpo import group_advantages, token_advantages
     from .rollout import to_tensordict
 
     td = to_tensordict(trajectories, pad_token_id=pad_id, layout="padded")
@@ -465,7 +465,7 @@ def _token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entrop
     padding token is computed. The results are scattered back to the padded layout."""
     import torch
 
-    from .algorithms.grpo import entropy_from_logits
+    from .training.grpo import entropy_from_logits
 
     device = next(model.parameters()).device
     input_ids, attention_mask = micro["input_ids"].to(device), micro["attention_mask"].to(device)
@@ -599,7 +599,7 @@ def _update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, confi
     computes (tested for parity)."""
     import torch
 
-    from .algorithms.grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
+    from .training.grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
 
     g = config.grpo
     rows = list(range(batch.batch_size[0]))
@@ -824,7 +824,7 @@ class _LocalEngine:
         """Load the models and the backend; the checkpoint's state (None for a new run)."""
         import torch
 
-        from .checkpoint import load_checkpoint
+        from .training.checkpoint import load_checkpoint
         from .models import load_model
         from .rollout import ChatTemplate
 
@@ -875,7 +875,7 @@ class _LocalEngine:
         return {}
 
     def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
-        from .checkpoint import save_checkpoint
+        from .training.checkpoint import save_checkpoint
 
         save_checkpoint(run_dir, step, model=self.policy, tokenizer=tokenizer, optimizer=self.optimizer,
                         scheduler=self.scheduler, state=state, config=self.config.model_dump(mode="json"),
@@ -937,7 +937,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     import torch
     import yaml
 
-    from .checkpoint import rng_state, set_rng_state, latest_checkpoint
+    from .training.checkpoint import rng_state, set_rng_state, latest_checkpoint
     from .logs import LOG_FILE, log_to
     from .metrics import LiveView, MetricsLogger
     from .models import load_tokenizer, resolve_model

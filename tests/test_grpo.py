@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlfactory_core.algorithms.grpo import (
+from rlfactory_core.training.grpo import (
     aggregate,
     entropy_from_logits,
     group_advantages,

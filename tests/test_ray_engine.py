@@ -22,7 +22,7 @@ import ray  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from rlfactory_core import trainer as T  # noqa: E402
-from rlfactory_core.checkpoint import latest_checkpoint  # noqa: E402
+from rlfactory_core.training.checkpoint import latest_checkpoint  # noqa: E402
 from rlfactory_core.config import load_config  # noqa: E402
 from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402

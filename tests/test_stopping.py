@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory_core.checkpoint import latest_checkpoint
+from rlfactory_core.training.checkpoint import latest_checkpoint
 from rlfactory_core.metrics import read_metrics
 
 PLUGIN = '''

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from rlfactory_core import trainer as T
 from rlfactory_core.errors import ConfigError
-from rlfactory_core.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from rlfactory_core.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlfactory_core.config import load_config
 from rlfactory_core.hookspecs import hookimpl
 from rlfactory_core.testing import registered_plugin

@@ -123,7 +123,7 @@ def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(
     model_dir = run_dir / "checkpoints" / "latest"
     assert model_dir.exists()
 
-    from rlfactory_core.checkpoint import latest_checkpoint
+    from rlfactory_core.training.checkpoint import latest_checkpoint
     from rlfactory_core.models import load_processor
 
     assert load_processor(latest_checkpoint(run_dir) / "model") is not None  # saved with its image processor

@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import RLFactoryError
+from ..errors import RLFactoryError
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "list_checkpoints", "CheckpointError",
            "rng_state", "set_rng_state"]

@@ -1,1 +1,0 @@
-"""Training algorithms as pure functions (advantages, losses)."""

@@ -1,0 +1,11 @@
+"""Training: the GRPO objective and everything an engine needs to update a policy.
+
+* :mod:`.grpo`: advantages and losses, pure functions on tensors.
+* :mod:`.batch`: the rollout batch (a TensorDict, one row per trajectory) and micro-batches.
+* :mod:`.logprobs`: the policy's logprobs of the sampled tokens.
+* :mod:`.update`: the optimizer steps on one batch (single process or one FSDP rank).
+* :mod:`.policy`: the policy, the reference model and the optimizer, for every engine.
+* :mod:`.checkpoint`: checkpoints, written atomically, and resuming from them.
+
+The package imports nothing heavy itself; import the module you need.
+"""
