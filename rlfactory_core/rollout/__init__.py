@@ -12,7 +12,7 @@ Importing this package does not import torch, transformers or vLLM; the backends
 """
 
 from .agent_loop import STOP_REASONS, RolloutConfig, SamplingConfig, rollout, rollout_metrics, run_trajectory
-from .backend import BACKEND_NAMES, Backend, Generation, SamplingParams, make_backend
+from .backend import BACKEND_NAMES, GREEDY_TEMPERATURE, Backend, Generation, SamplingParams, make_backend
 from .render import ChatTemplate, RetokenizationReport, check_retokenization
 from .tensors import to_tensordict
 
@@ -28,6 +28,7 @@ __all__ = [
     "SamplingParams",
     "make_backend",
     "BACKEND_NAMES",
+    "GREEDY_TEMPERATURE",
     "ChatTemplate",
     "RetokenizationReport",
     "check_retokenization",
