@@ -2,19 +2,18 @@
 
 :func:`build_directory` is the whole procedure: nothing to do when ``out_dir`` already holds
 a complete build; otherwise the files are written into a temporary directory beside
-``out_dir`` and moved into place by renames once complete, so a reader sees the previous
-build or the new one, and an interrupted build leaves no half dataset. A directory holding
+``out_dir``, flushed to disk and moved into place by renames once complete
+(:mod:`rlfactory_core._fs`), so a reader sees the previous build or the new one, and an
+interrupted build leaves no half dataset. A directory holding
 anything but the dataset's own files is never replaced.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ._fs import fsync_tree, remove_tree, replace_dir, temp_path_beside
 from .errors import RLFactoryError
 
 __all__ = ["build_directory"]
@@ -40,14 +39,17 @@ def build_directory(out_dir: Path, *, label: str, owned: Iterable[str], is_compl
         return out_dir
     _check_replaceable(out_dir, set(owned), label)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
+    staged = temp_path_beside(out_dir, "building")
+    staged.mkdir()
     try:
         write(staged)
         if not force and is_complete(out_dir):
             return out_dir  # another process finished the same build meanwhile
-        _install(staged, out_dir)
+        fsync_tree(staged)
+        # Readers see the old build or the new one, never a mix.
+        replace_dir(staged, out_dir, aside=temp_path_beside(out_dir, "old"))
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        remove_tree(staged)
     report(f"{label} ready in {out_dir}")
     return out_dir
 
@@ -64,24 +66,3 @@ def _check_replaceable(directory: Path, owned: set[str], label: str) -> None:
         raise RLFactoryError(f"{directory} holds files that are not part of {label} "
                              f"({', '.join(foreign[:3])}{' ...' if len(foreign) > 3 else ''})",
                              hint="pass a new or empty directory as out_dir; a rebuild replaces the whole directory")
-
-
-def _install(staged: Path, out_dir: Path) -> None:
-    """Move the finished build ``staged`` to ``out_dir`` by renames: readers see the old build
-    or the new one, never a mix."""
-    try:
-        os.rename(staged, out_dir)  # fails when out_dir exists and is not empty
-        return
-    except OSError:
-        if not out_dir.exists():
-            raise
-    retired = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-    os.rename(out_dir, retired / out_dir.name)
-    try:
-        os.rename(staged, out_dir)
-    except OSError:
-        if not out_dir.exists():
-            os.rename(retired / out_dir.name, out_dir)
-        raise
-    finally:
-        shutil.rmtree(retired, ignore_errors=True)

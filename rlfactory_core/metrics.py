@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -43,7 +42,8 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rlfactory_core.errors import ConfigError
+from ._fs import write_text_atomic
+from .errors import ConfigError
 
 __all__ = ["MetricsLogger", "read_metrics", "LiveView", "METRICS_FILE", "VIEW_FIELDS"]
 
@@ -148,7 +148,7 @@ class MetricsLogger:
             if run_id:
                 return run_id
         run_id = uuid.uuid4().hex[:12]
-        _atomic_write(path, run_id + "\n")
+        write_text_atomic(path, run_id + "\n")
         return run_id
 
     @property
@@ -377,7 +377,7 @@ def _drop_after(path: Path, step: int) -> None:
             if not isinstance(record.get("step"), int) or record["step"] <= step]
     text = "".join(line + "\n" for line in kept)
     if text != path.read_text(encoding="utf-8", errors="replace"):
-        _atomic_write(path, text)
+        write_text_atomic(path, text)
 
 
 def _repair_tail(path: Path) -> None:
@@ -401,27 +401,3 @@ def _repair_tail(path: Path) -> None:
             f.truncate(start)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash leaves the old file or the new, whole."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)

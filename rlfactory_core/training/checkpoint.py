@@ -18,7 +18,8 @@ renamed into place in one ``os.replace``: an interrupted write leaves at worst a
 directory (removed by the next save), never a half-written ``step-...``. A step saved again
 replaces the old copy only after moving it aside (``.old-step-...``, put back if the save
 dies in between), so a complete copy of it exists at every moment. ``latest`` (a
-one-line file, also replaced atomically) names the newest one.
+one-line file, also replaced atomically) names the newest one. The renames and fsyncs are
+:mod:`rlfactory_core._fs`'s, shared with the other writers that must survive a crash.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from .._fs import fsync_tree, replace_dir, write_text_atomic
 from ..errors import RLFactoryError
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "load_checkpoint", "list_checkpoints", "CheckpointError",
@@ -43,33 +45,6 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 class CheckpointError(RLFactoryError):
     """A checkpoint is missing or unreadable."""
-
-
-def _fsync_tree(directory: Path) -> None:
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    for path in [directory, *[p for p in directory.rglob("*") if p.is_dir()]]:
-        _fsync_dir(path)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def rng_state() -> dict[str, Any]:
@@ -154,19 +129,12 @@ def save_checkpoint(
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")
     (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     final = root / name
-    if final.exists():  # the same step saved again (e.g. after an interrupt): replace it,
-        # moving the old one aside first so that some complete copy exists at every moment
-        aside = root / f".old-{name}"
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(final, aside)
-        os.replace(tmp, final)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(root / "latest", name + "\n")
+    # The same step saved again (e.g. after an interrupt) replaces the old copy, which is
+    # moved aside under the name _recover_interrupted_saves and latest_checkpoint know.
+    replace_dir(tmp, final, aside=root / f".old-{name}")
+    write_text_atomic(root / "latest", name + "\n")
     for old in list_checkpoints(run_dir)[:-keep]:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
