@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rlfactory_core import models
+from rlfactory_core.models import embedded
 from rlfactory_core.errors import ModelError
 from rlfactory_core.models import (
     DEFAULT_MODEL,
@@ -181,7 +182,7 @@ def test_cli_prepare_unknown_name(rlf):
 def test_conversion_survives_interruptions_and_concurrent_runs(tmp_home, monkeypatch):
     target = tmp_home / "models" / DEFAULT_MODEL
     parent = target.parent
-    real_dequantise = models._dequantise
+    real_dequantise = embedded._dequantise
     observed = []
 
     def interrupt_with(exc):
@@ -192,10 +193,10 @@ def test_conversion_survives_interruptions_and_concurrent_runs(tmp_home, monkeyp
         return dequantise
 
     # 1. Interrupted by Ctrl-C, then by an error, after writing part of the output.
-    monkeypatch.setattr(models, "_dequantise", interrupt_with(KeyboardInterrupt()))
+    monkeypatch.setattr(embedded, "_dequantise", interrupt_with(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         prepare_model(DEFAULT_MODEL)
-    monkeypatch.setattr(models, "_dequantise", interrupt_with(RuntimeError("disk on fire")))
+    monkeypatch.setattr(embedded, "_dequantise", interrupt_with(RuntimeError("disk on fire")))
     with pytest.raises(ModelError, match="converting embedded model .* failed: RuntimeError: disk on fire") as info:
         prepare_model(DEFAULT_MODEL)
     assert "starts from scratch" in info.value.hint
@@ -203,7 +204,7 @@ def test_conversion_survives_interruptions_and_concurrent_runs(tmp_home, monkeyp
         assert len(partial) == 1 and "tokenizer.json" in files  # it was written partially ...
         assert not partial[0].exists()  # ... and cleaned up
     assert not target.exists() and not is_prepared(DEFAULT_MODEL)
-    monkeypatch.setattr(models, "_dequantise", real_dequantise)
+    monkeypatch.setattr(embedded, "_dequantise", real_dequantise)
 
     # 2. What a killed run (SIGKILL, power loss) leaves: a stale temporary dir, and a target
     #    directory without a manifest (e.g. copied by hand, or written by older code).
@@ -241,7 +242,7 @@ def test_conversion_survives_interruptions_and_concurrent_runs(tmp_home, monkeyp
     def must_not_convert(*args, **kwargs):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(models, "_convert", must_not_convert)
+    monkeypatch.setattr(embedded, "_convert", must_not_convert)
     mtime = (target / MANIFEST_NAME).stat().st_mtime_ns
     assert prepare_model(DEFAULT_MODEL) == target
     assert resolve_model(DEFAULT_MODEL) == target

