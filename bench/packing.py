@@ -36,7 +36,7 @@ def main() -> None:
     import torch
     from tensordict import TensorDict
 
-    from rlfactory_core import trainer as T
+    from rlfactory_core.training.update import batch_logprobs, update_policy
     from rlfactory_core.config import load_config
     from rlfactory_core.models import load_model, resolve_model
 
@@ -64,16 +64,16 @@ def main() -> None:
           f"micro-batches of {args.micro_batch_tokens} tokens, attention {args.attn} on {args.device}")
 
     times: dict[bool, list[float]] = {False: [], True: []}
-    T._update_policy(model, None, optimizer, batch.clone(), config, packed=False)  # warm-up
+    update_policy(model, None, optimizer, batch.clone(), config, packed=False)  # warm-up
     for _ in range(args.repeats):
         for packed in (False, True):
             start = time.perf_counter()
-            T._update_policy(model, None, optimizer, batch.clone(), config, packed=packed)
+            update_policy(model, None, optimizer, batch.clone(), config, packed=packed)
             times[packed].append(time.perf_counter() - start)
     rows = list(range(args.trajectories))
     fp32 = config.model_copy(update={"train": config.train.model_copy(update={"bf16": False})})
-    padded_lp = T._forward_no_grad(model, batch, rows, fp32, packed=False)  # fp32: bf16 rounding differs by layout
-    packed_lp = T._forward_no_grad(model, batch, rows, fp32, packed=True)
+    padded_lp = batch_logprobs(model, batch, rows, fp32, packed=False)  # fp32: bf16 rounding differs by layout
+    packed_lp = batch_logprobs(model, batch, rows, fp32, packed=True)
     difference = float((padded_lp - packed_lp)[loss_mask.bool()].abs().max())
 
     padded, packed = statistics.mean(times[False]), statistics.mean(times[True])

@@ -65,11 +65,11 @@ def median(values: list[float]) -> float:
 
 async def rollout_throughput(args: argparse.Namespace, workers: int) -> tuple[float, int, float]:
     """``(tokens/s, model tokens, seconds)`` of one rollout batch over ``workers`` rollout workers."""
-    from rlfactory_core import trainer as T
+    from rlfactory_core.engines import rollout_config_for
     from rlfactory_core.task import build_task
     from rlfactory_core.config import load_config
     from rlfactory_core.models import resolve_model
-    from rlfactory_core.ray_engine import RayEngine
+    from rlfactory_core.engines.ray import RayEngine
 
     cpus = os.cpu_count() or 2
     config = load_config([], ["env=arithmetic", "engine=ray", "ray.placement=separate", "ray.trainer.cpus=0.01",
@@ -81,9 +81,9 @@ async def rollout_throughput(args: argparse.Namespace, workers: int) -> tuple[fl
     engine = RayEngine(config, base_path=resolve_model(config.model.name), checkpoint=None)
     try:
         await engine.start()
-        await engine.rollout(samples[:2], T._rollout_config(config, 0), group_size=1)  # warm-up
+        await engine.rollout(samples[:2], rollout_config_for(config, 0), group_size=1)  # warm-up
         started = time.perf_counter()
-        trajectories, _, _ = await engine.rollout(samples, T._rollout_config(config, 1), group_size=args.group)
+        trajectories, _, _ = await engine.rollout(samples, rollout_config_for(config, 1), group_size=args.group)
         seconds = time.perf_counter() - started
     finally:
         await engine.close()

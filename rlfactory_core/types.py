@@ -154,6 +154,10 @@ class Trajectory:
 
     sample_id: str
     prompt_ids: list[int]
+    # The trajectory's group: the index, in the rollout call's samples, of the sample it was
+    # rolled out for (the ``group_size`` trajectories of one sample share it). Advantages
+    # are computed per group; None for a trajectory no rollout made.
+    group: int | None = None
     messages: list[Message] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)

@@ -24,35 +24,48 @@ def close(actual, expected, tol=1e-5):
 
 # Two groups of two: (1, 0) and (1, 1).
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 1.0])
+GROUPS = [0, 0, 1, 1]
 
 
 def test_group_advantages_scaled_by_group_std():
     # group 1: mean 0.5, sample std sqrt(0.5) = 0.70711 -> +-0.70711; group 2: all equal -> 0
-    adv = group_advantages(REWARDS, 2, "group")
+    adv = group_advantages(REWARDS, GROUPS, "group")
     assert close(adv, [0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0], 1e-4)
 
 
 def test_group_advantages_scaled_by_batch_std():
     # batch std of (1, 0, 1, 1): mean 0.75, var = (3 * 0.0625 + 0.5625) / 3 = 0.25 -> std 0.5
-    adv = group_advantages(REWARDS, 2, "batch")
+    adv = group_advantages(REWARDS, GROUPS, "batch")
     assert close(adv, [1.0, -1.0, 0.0, 0.0], 1e-4)
 
 
 def test_group_advantages_unscaled_is_dr_grpo():
-    assert close(group_advantages(REWARDS, 2, "none"), [0.5, -0.5, 0.0, 0.0])
+    assert close(group_advantages(REWARDS, GROUPS, "none"), [0.5, -0.5, 0.0, 0.0])
 
 
 def test_group_of_three_by_hand():
     # rewards (3, 0, 0): mean 1, deviations (2, -1, -1), sample std sqrt((4+1+1)/2) = sqrt(3)
-    adv = group_advantages(torch.tensor([3.0, 0.0, 0.0]), 3, "group")
+    adv = group_advantages(torch.tensor([3.0, 0.0, 0.0]), [5, 5, 5], "group")
     assert close(adv, [2 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3)], 1e-4)
 
 
-def test_group_advantages_reject_ragged_groups():
-    with pytest.raises(ValueError, match="groups of 3"):
-        group_advantages(REWARDS, 3)
+def test_groups_are_data_not_positions_and_may_differ_in_size():
+    # the rows of a group need not be adjacent: (1, 1) in rows 0 and 2, (0, 1, 2) in rows 1, 3, 4;
+    # group 7 lost two of its trajectories (failures): one left, advantage 0
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 2.0, 5.0])
+    adv = group_advantages(rewards, [3, 4, 3, 4, 4, 7], "group")
+    # group 4: mean 1, deviations (-1, 0, 1), sample std 1
+    assert close(adv, [0.0, -1.0, 0.0, 0.0, 1.0, 0.0], 1e-4)
+    assert close(group_advantages(rewards, [3, 4, 3, 4, 4, 7], "none"), [0.0, -1.0, 0.0, 0.0, 1.0, 0.0])
+
+
+def test_group_advantages_refuse_bad_groups_and_norms():
+    with pytest.raises(ValueError, match="groups must be 4 integer group ids"):
+        group_advantages(REWARDS, [0, 0, 1])
+    with pytest.raises(ValueError, match="groups must be 4 integer group ids"):
+        group_advantages(REWARDS, [0.0, 0.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="advantage norm"):
-        group_advantages(REWARDS, 2, "median")
+        group_advantages(REWARDS, GROUPS, "median")
 
 
 def test_token_advantages_broadcast_over_model_tokens_only():

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from rlfactory_core import hookimpl
 from rlfactory_core import trainer as T
+from rlfactory_core.runs import new_run_dir
 from rlfactory_core.data import load_samples
 from rlfactory_core.task import build_env
 from rlfactory_core.config import load_config
@@ -193,7 +194,7 @@ def test_error_lines_are_single_lines_printed_literally(rlf):
 def test_default_run_directories_are_never_shared(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = load_config([], ["env=rlfactory-plugin-arithmetic:arithmetic"])
-    first, second = T._new_run_dir(config), T._new_run_dir(config)  # e.g. two runs started in one second
+    first, second = new_run_dir(config), new_run_dir(config)  # e.g. two runs started in one second
     assert first != second and first.is_dir() and second.is_dir()
     assert first.parent.absolute() == second.parent.absolute() == tmp_path / "runs"
     assert first.name.startswith("rlfactory-plugin-arithmetic_arithmetic-")  # one directory, not dist:env

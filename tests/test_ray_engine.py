@@ -22,11 +22,16 @@ import ray  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from rlfactory_core import trainer as T  # noqa: E402
+from rlfactory_core.engines import rollout_config_for  # noqa: E402
+from rlfactory_core.engines.local import LocalEngine  # noqa: E402
+from rlfactory_core.training.batch import build_batch, micro_batches  # noqa: E402
 from rlfactory_core.training.checkpoint import latest_checkpoint  # noqa: E402
 from rlfactory_core.config import load_config  # noqa: E402
 from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402
-from rlfactory_core.ray_engine import RayEngine, _chunks, _remote, _SharedTool, _ToolActor  # noqa: E402
+from rlfactory_core.engines.ray import RayEngine  # noqa: E402
+from rlfactory_core.engines.ray.actors import SharedTool, ToolActor  # noqa: E402
+from rlfactory_core.engines.ray.engine import chunks, remote  # noqa: E402
 from rlfactory_core.task import build_task  # noqa: E402
 from rlfactory_core.types import ToolCall  # noqa: E402
 
@@ -52,9 +57,9 @@ def tiny_config(model_dir, *overrides):
 
 
 def test_prompts_split_into_contiguous_near_equal_chunks():
-    assert _chunks(5, 2) == [(0, 3), (3, 5)]
-    assert _chunks(4, 2) == [(0, 2), (2, 4)]
-    assert _chunks(1, 3) == [(0, 1)]  # never an empty chunk
+    assert chunks(5, 2) == [(0, 3), (3, 5)]
+    assert chunks(4, 2) == [(0, 2), (2, 4)]
+    assert chunks(1, 3) == [(0, 1)]  # never an empty chunk
 
 
 def model_turns(trajectory):
@@ -90,12 +95,12 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
     samples = list(task.env.dataset(size=4, split="train"))
 
     async def run():
-        local = T._LocalEngine(local_config, task, tokenizer, base_path=tiny_model_dir, checkpoint=None)
+        local = LocalEngine(local_config, task, tokenizer, base_path=tiny_model_dir, checkpoint=None)
         await local.start()
         remote = RayEngine(config, base_path=tiny_model_dir, checkpoint=None)
         try:
             await remote.start()
-            rollout_config, next_config = T._rollout_config(config, 1), T._rollout_config(config, 2)
+            rollout_config, next_config = rollout_config_for(config, 1), rollout_config_for(config, 2)
             trajectories, _, _ = await local.rollout(samples, rollout_config, group_size=2)
             ray_trajectories, _, _ = await remote.rollout(samples, rollout_config, group_size=2)
             # same weights, same per-trajectory seeds: the same tokens on both engines
@@ -103,8 +108,8 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
                                                                           for t in trajectories]
             base_next, _, _ = await local.rollout(samples, next_config, group_size=2)  # the base weights' step 2
             rewards = [1.0, 0.0, 0.5, 0.2, 0.0, 1.0, 0.3, 0.3]
-            batch = T._build_batch(trajectories, rewards, config, tokenizer.pad_token_id)
-            assert len(T._micro_batches(list(range(8)), batch["lengths"], 200)) > 2
+            batch = build_batch(trajectories, rewards, config, tokenizer.pad_token_id)
+            assert len(micro_batches(list(range(8)), batch["lengths"], 200)) > 2
             local_stats = await local.update(batch.clone(), 1)
             ray_stats = await remote.update(batch.clone(), 1)
             await local.sync_weights()
@@ -159,7 +164,7 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_get
             victim = await engine.rollout_workers[0].pid.remote()
             # frozen before the step: it holds its chunk until killed, however fast the rollout is
             os.kill(victim, signal.SIGSTOP)
-            step = asyncio.ensure_future(engine.rollout(samples, T._rollout_config(config, 1), group_size=2))
+            step = asyncio.ensure_future(engine.rollout(samples, rollout_config_for(config, 1), group_size=2))
             for _ in range(2400):  # until worker 1 is done: worker 0's chunk is all the step waits for
                 if await engine.rollout_workers[1].rollouts_done.remote() == 1:
                     break
@@ -178,7 +183,7 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_get
             sync = await engine.sync_weights()
             assert engine.restarts == restarts + 1 and sync["weight_sync/mb"] > 0
             assert await engine.rollout_workers[1].pid.remote() != idle
-            again, _, _ = await engine.rollout(samples[-2:], T._rollout_config(config, 1), group_size=1)
+            again, _, _ = await engine.rollout(samples[-2:], rollout_config_for(config, 1), group_size=1)
             assert len(again) == 2
             return trajectories, scored, times, victim, replacement, restarts
         finally:
@@ -212,12 +217,12 @@ def test_a_shared_tool_serves_calls_and_its_failures_become_tool_errors(ray_clus
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 
     config = load_config([], ["env=arithmetic", *RAY_ROLES, "ray.tool_actors.names=[calculator]"])
-    actor = _remote(_ToolActor).options(max_restarts=-1, num_cpus=0.1).remote(config.model_dump(mode="json"),
+    actor = remote(ToolActor).options(max_restarts=-1, num_cpus=0.1).remote(config.model_dump(mode="json"),
                                                                                "calculator")
 
     async def run():
         name, description, parameters = await actor.describe.remote()
-        manager = ConcurrentToolManager([_SharedTool(name, description, parameters, actor)])
+        manager = ConcurrentToolManager([SharedTool(name, description, parameters, actor)])
         call = ToolCall(name="calculator", arguments={"expression": "6 * 7"}, id="1")
         first = await manager.call([call])
         ray.kill(actor, no_restart=False)  # a crash: Ray restarts the actor
@@ -300,7 +305,7 @@ import json, sys
 import ray
 from rlfactory_core.config import load_config
 from rlfactory_core.errors import RLFactoryError
-from rlfactory_core.ray_engine import RayEngine
+from rlfactory_core.engines.ray import RayEngine
 
 out = {}
 try:  # ray.address wins over RAY_ADDRESS

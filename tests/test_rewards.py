@@ -85,7 +85,6 @@ class Stepwise:
         return RewardOutput(value=0.0, turn_rewards=[1.0] * trajectory.num_turns)
 
 
-@pytest.mark.exercises_hook("rlfactory_register_rewards")
 async def test_rewards_compose_with_weights_and_skip_samples_they_do_not_apply_to():
     with registered_plugin(Plugin(Length, OnlyMath)):
         layer = build_reward_layer(specs({"name": "exact_match", "weight": 2.0}, {"name": "length", "weight": 0.5},
@@ -164,14 +163,15 @@ async def test_failing_slow_and_malformed_rewards_score_their_fallback_and_are_c
     metrics = scored.metrics("reward")
     assert metrics["reward/errors"] == 6.0 and metrics["reward/errors/broken"] == 6.0
     assert "reward/broken/judge" not in metrics  # a refused output leaves no component behind
-    reasons = [t.metadata["reward_errors"][0] for t in trajectories[:6]]
+    reasons = [errors[0] for errors in scored.reward_errors[:6]]
     assert "judge exploded" in reasons[0]
     assert "timed out after 0.2 s" in reasons[1]
     assert "non-finite" in reasons[2]
     assert "returned str" in reasons[3] and "RewardOutput" in reasons[3]
     assert "component 'judge' is 'abc', not a finite number" in reasons[4]
     assert "component 'judge' is nan" in reasons[5]
-    assert "reward_errors" not in trajectories[6].metadata
+    assert scored.reward_errors[6] == []
+    assert all("reward_errors" not in t.metadata for t in trajectories)  # the trajectories are not changed
 
 
 class Hangs:
@@ -203,13 +203,14 @@ async def test_hung_sync_reward_calls_do_not_starve_the_later_ones():
             await layer.close()
 
 
-async def test_process_rewards_are_added_to_the_turns_they_score():
+async def test_process_rewards_score_the_turns_they_name_without_changing_the_trajectory():
     with registered_plugin(Plugin(Stepwise)):
         layer = build_reward_layer(specs({"name": "stepwise", "weight": 0.5}))
         t = trajectory("x", turns=3)
         t.turn_rewards = [0.25, 0.0, 0.0]  # the env's own per-turn rewards
-        await layer.score([t], [{}])
-    assert t.turn_rewards == [0.75, 0.5, 0.5]
+        scored = await layer.score([t, trajectory("y", turns=1)], [{}, {}])
+    assert scored.turn_rewards == [[0.5, 0.5, 0.5], [0.5]]  # weighted; the trainer adds the env's
+    assert t.turn_rewards == [0.25, 0.0, 0.0]
 
 
 async def test_a_tool_verified_reward_calls_the_envs_tools_through_the_tool_manager():
@@ -229,7 +230,7 @@ async def test_a_tool_verified_reward_calls_the_envs_tools_through_the_tool_mana
     no_tools = build_reward_layer(specs({"name": "arithmetic_verified"}), ConcurrentToolManager([]))
     scored = await no_tools.score([t], [{}])
     assert scored.errors == {"arithmetic_verified": 1}
-    assert "use_tools=true" in t.metadata["reward_errors"][0]
+    assert "use_tools=true" in scored.reward_errors[0][0]
 
 
 def test_reward_config_problems_are_all_reported_at_once():

@@ -246,15 +246,17 @@ def test_ctrl_c_during_an_update_finishes_and_saves_that_step(tmp_path, tiny_mod
     # In this process: the signal arrives while step 1's update runs (it cannot be undone half-way).
     from rlfactory_core import trainer as T
     from rlfactory_core.config import load_config
+    from rlfactory_core.engines import local as local_engine
+    from rlfactory_core.training.update import update_policy
 
-    update = T._update_policy
+    update = update_policy
 
     def interrupted_update(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)  # the main thread takes the signal while the update runs (the outcome is the same if not)
         return update(*args, **kwargs)
 
-    monkeypatch.setattr(T, "_update_policy", interrupted_update)
+    monkeypatch.setattr(local_engine, "update_policy", interrupted_update)
     run_dir = tmp_path / "run"
     config = load_config([], ["env=arithmetic", *RUN, "eval.every=1", "train.steps=3", "checkpoint.every=1000",
                               "logging.live=off", f"model.name={tiny_model_dir}", f"run_dir={run_dir}"])

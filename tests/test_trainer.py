@@ -12,6 +12,15 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from rlfactory_core import trainer as T
+from rlfactory_core.data import batch_indices, load_samples
+from rlfactory_core.engines import local as local_engine
+from rlfactory_core.engines.local import backend_for
+from rlfactory_core.evaluation import evaluate
+from rlfactory_core.task import build_task
+from rlfactory_core.training.batch import build_batch, micro_batches, turn_reward_tensor
+from rlfactory_core.training.logprobs import token_logprobs
+from rlfactory_core.training.policy import attn_implementation, load_policy, use_packing, weights_for_backend
+from rlfactory_core.training.update import batch_logprobs, update_policy
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlfactory_core.config import load_config
@@ -29,8 +38,8 @@ def tiny_model(vocab_size=64, seed=0):
     return LlamaForCausalLM(config).float()
 
 
-def trajectory(prompt, *segments, turn_rewards=()):
-    t = Trajectory(sample_id="x", prompt_ids=list(prompt))
+def trajectory(prompt, *segments, turn_rewards=(), group=0):
+    t = Trajectory(sample_id="x", prompt_ids=list(prompt), group=group)
     for kind, ids in segments:
         t.segments.append(Segment(kind, list(ids), [-0.5] * len(ids) if kind == "model" else None))
     t.turn_rewards = list(turn_rewards)
@@ -41,30 +50,30 @@ def trajectory(prompt, *segments, turn_rewards=()):
 
 
 def test_data_order_is_fixed_by_seed_and_position():
-    first = T._batch_indices(10, 4, seed=3, position=0)
-    second = T._batch_indices(10, 4, seed=3, position=4)
-    third = T._batch_indices(10, 4, seed=3, position=8)  # crosses into epoch 1
+    first = batch_indices(10, 4, seed=3, position=0)
+    second = batch_indices(10, 4, seed=3, position=4)
+    third = batch_indices(10, 4, seed=3, position=8)  # crosses into epoch 1
     epoch0 = first + second + third[:2]
     assert sorted(epoch0) == list(range(10))  # every sample once per epoch
-    assert T._batch_indices(10, 12, seed=3, position=0) == first + second + third  # resumable anywhere
-    assert T._batch_indices(10, 4, seed=4, position=0) != first
-    assert T._batch_indices(10, 12, seed=3, position=0, shuffle=False) == [*range(10), 0, 1]
+    assert batch_indices(10, 12, seed=3, position=0) == first + second + third  # resumable anywhere
+    assert batch_indices(10, 4, seed=4, position=0) != first
+    assert batch_indices(10, 12, seed=3, position=0, shuffle=False) == [*range(10), 0, 1]
 
 
 def test_micro_batches_respect_the_token_budget():
     lengths = torch.tensor([10, 50, 20, 40, 30])
-    batches = T._micro_batches(range(5), lengths, token_budget=80)
+    batches = micro_batches(range(5), lengths, token_budget=80)
     assert sorted(r for b in batches for r in b) == list(range(5))
     for b in batches:
         assert len(b) == 1 or max(int(lengths[r]) for r in b) * len(b) <= 80
-    assert T._micro_batches([1], lengths, token_budget=10) == [[1]]  # a long row still gets a batch
-    packed = T._micro_batches(range(5), lengths, token_budget=80, packed=True)  # padding is not counted
+    assert micro_batches([1], lengths, token_budget=10) == [[1]]  # a long row still gets a batch
+    packed = micro_batches(range(5), lengths, token_budget=80, packed=True)  # padding is not counted
     assert packed == [[0, 2, 4], [3], [1]]  # 10 + 20 + 30 = 60; 40 + 50 > 80
 
 
 def test_turn_rewards_sit_on_each_turns_last_model_token():
     t = trajectory([1, 2], ("model", [3, 4]), ("observation", [5]), ("model", [6]), turn_rewards=[0.5, -1.0])
-    out = T._turn_reward_tensor([t], width=7)
+    out = turn_reward_tensor([t], width=7)
     assert out.tolist() == [[0, 0, 0, 0.5, 0, -1.0, 0]]  # positions 3 and 5; 6 is padding
 
 
@@ -82,7 +91,7 @@ def test_token_logprobs_match_a_plain_forward_pass(packed):
                    [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]],
                    [[0, 0, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 1, 1, 0]])
     with torch.no_grad():
-        logprobs, entropy = T._token_logprobs(model, micro, bf16=False, entropy=True, packed=packed)
+        logprobs, entropy = token_logprobs(model, micro, bf16=False, entropy=True, packed=packed)
         for row, length in enumerate([5, 3, 4]):  # each trajectory alone, no padding
             ids = micro["input_ids"][row, :length]
             full = torch.log_softmax(model(input_ids=ids[None]).logits.float(), -1)[0]
@@ -101,8 +110,8 @@ async def test_trainer_logprobs_are_the_samplers_at_its_temperature(temperature)
     (raw logits when greedy). Checked against the real hf backend's sampled tokens."""
     import copy
 
-    from rlfactory_core.rollout.backend import SamplingParams
-    from rlfactory_core.rollout.hf_backend import HFBackend
+    from rlfactory_core.rollout import SamplingParams
+    from rlfactory_core.rollout.backends.hf import HFBackend
 
     model = tiny_model(vocab_size=64, seed=3).eval()
     backend = HFBackend(copy.deepcopy(model), max_batch_size=4)
@@ -114,8 +123,8 @@ async def test_trainer_logprobs_are_the_samplers_at_its_temperature(temperature)
     ids = prompt + generated.token_ids
     micro = _micro([ids], [[1] * len(ids)], [[0] * len(prompt) + [1] * len(generated.token_ids)])
     with torch.no_grad():
-        logprobs, _ = T._token_logprobs(model, micro, bf16=False, entropy=False, temperature=temperature)
-        unscaled, _ = T._token_logprobs(model, micro, bf16=False, entropy=False)
+        logprobs, _ = token_logprobs(model, micro, bf16=False, entropy=False, temperature=temperature)
+        unscaled, _ = token_logprobs(model, micro, bf16=False, entropy=False)
     ours = logprobs[0, len(prompt):]
     torch.testing.assert_close(ours, torch.tensor(generated.logprobs), atol=1e-4, rtol=0)
     if temperature not in (0.0, 1.0):  # the distribution at T=1 is not the one that sampled
@@ -124,8 +133,8 @@ async def test_trainer_logprobs_are_the_samplers_at_its_temperature(temperature)
 
 def test_packing_is_auto_on_only_with_flash_attention():
     auto, on, off = (load_config([], [f"grpo.packing={v}"]) for v in ("auto", "on", "off"))
-    assert T._use_packing(auto, "flash_attention_2") and not T._use_packing(auto, "sdpa")
-    assert T._use_packing(on, "sdpa") and not T._use_packing(off, "flash_attention_2")
+    assert use_packing(auto, "flash_attention_2") and not use_packing(auto, "sdpa")
+    assert use_packing(on, "sdpa") and not use_packing(off, "flash_attention_2")
 
 
 def _has_flash_attention():
@@ -141,8 +150,8 @@ def test_flash_attention_varlen_packing_matches_padding_on_gpu(default_model_dir
 
     device = torch.device("cuda")
     config = load_config([], ["train.device=cuda", "grpo.packing=auto"])
-    assert T._attn_implementation(config, device) == "flash_attention_2"
-    assert T._use_packing(config, "flash_attention_2")
+    assert attn_implementation(config, device) == "flash_attention_2"
+    assert use_packing(config, "flash_attention_2")
     model = load_model(default_model_dir, dtype="bfloat16", device=device)
     model.config._attn_implementation = "flash_attention_2"
     torch.manual_seed(0)
@@ -152,16 +161,16 @@ def test_flash_attention_varlen_packing_matches_padding_on_gpu(default_model_dir
     micro = _micro((torch.randint(100, 40_000, (4, width)) * attention).tolist(), attention.tolist(),
                    (attention * (torch.arange(width)[None] >= 32)).tolist())
     with torch.no_grad():
-        padded, _ = T._token_logprobs(model, micro, bf16=True, entropy=False, packed=False)
-        packed, _ = T._token_logprobs(model, micro, bf16=True, entropy=False, packed=True)
+        padded, _ = token_logprobs(model, micro, bf16=True, entropy=False, packed=False)
+        packed, _ = token_logprobs(model, micro, bf16=True, entropy=False, packed=True)
     scored = micro["loss_mask"].bool().to(device)
     assert (padded - packed)[scored].abs().mean() < 0.05  # bf16: the layouts round differently
 
 
 def _batch_for(model, config):
-    trajectories = [trajectory([1, 2, 3], ("model", [4 + i, 5]), ("observation", [6]), ("model", [7, 8 + i]))
-                    for i in range(4)]
-    return T._build_batch(trajectories, [1.0, 0.0, 0.0, 1.0], config, pad_id=0)
+    trajectories = [trajectory([1, 2, 3], ("model", [4 + i, 5]), ("observation", [6]), ("model", [7, 8 + i]),
+                               group=i // 2) for i in range(4)]
+    return build_batch(trajectories, [1.0, 0.0, 0.0, 1.0], config, pad_id=0)
 
 
 def _gradients(micro_batch_tokens, loss_agg, packed=False):
@@ -169,7 +178,7 @@ def _gradients(micro_batch_tokens, loss_agg, packed=False):
                               "grpo.group_size=2", "train.bf16=false"])
     model = tiny_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: keep the weights, read the gradients
-    stats = T._update_policy(model, None, optimizer, _batch_for(model, config), config, packed=packed)
+    stats = update_policy(model, None, optimizer, _batch_for(model, config), config, packed=packed)
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), stats
 
 
@@ -189,11 +198,11 @@ def test_an_update_moves_the_policy_toward_rewarded_tokens():
     config = load_config([], ["grpo.group_size=2", "train.bf16=false", "train.lr=0.05"])
     model = tiny_model()
     batch = _batch_for(model, config)
-    before = T._forward_no_grad(model, batch, [0, 1], config, packed=False)
+    before = batch_logprobs(model, batch, [0, 1], config, packed=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     for _ in range(3):
-        T._update_policy(model, None, optimizer, batch, config)
-    after = T._forward_no_grad(model, batch, [0, 1], config, packed=True)
+        update_policy(model, None, optimizer, batch, config)
+    after = batch_logprobs(model, batch, [0, 1], config, packed=True)
     mask = batch["loss_mask"][:2].bool()
     # trajectory 0 was rewarded (advantage > 0), trajectory 1 was not
     assert (after[0][mask[0]] - before[0][mask[0]]).sum() > 0
@@ -205,7 +214,7 @@ def test_multi_epoch_updates_use_recomputed_old_logprobs_and_kl():
                               "grpo.kl_coef=0.1", "grpo.tis_cap=2.0"])
     model, reference = tiny_model(), tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    stats = T._update_policy(model, reference, optimizer, _batch_for(model, config), config)
+    stats = update_policy(model, reference, optimizer, _batch_for(model, config), config)
     assert stats["train/optimizer_steps"] == 4
     assert stats["train/kl"] > 0  # later mini-batches run on a policy that moved away
     assert "train/tis_weight_mean" in stats and stats["train/sampler_logprob_diff"] > 0
@@ -343,8 +352,8 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
     T.train(longer, resume=run_dir)
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
-    train_ids = [s["id"] for s in T.load_samples(longer, _env(), "train", None)]
-    expected = T._batch_indices(len(train_ids), 8, seed=longer.train.seed, position=0)
+    train_ids = [s["id"] for s in load_samples(longer, _env(), "train", None)]
+    expected = batch_indices(len(train_ids), 8, seed=longer.train.seed, position=0)
     logged = [sid for r in records[1:] for sid in r["samples"]]
     assert logged == [train_ids[i] for i in expected]
 
@@ -404,7 +413,7 @@ def test_lora_weights_reach_the_backend_merged_under_hf_names(tmp_path, default_
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.fill_(0.1)  # B starts at 0; make the adapter change something
-    weights = dict(T._weights_for_backend(model))
+    weights = dict(weights_for_backend(model))
     assert set(weights) == names
     layer = model.base_model.model.model.layers[0].self_attn.q_proj
     expected = layer.base_layer.weight + (layer.lora_B["default"].weight @ layer.lora_A["default"].weight) * 2.0
@@ -414,7 +423,7 @@ def test_lora_weights_reach_the_backend_merged_under_hf_names(tmp_path, default_
     assert torch.equal(layer.base_layer.weight, base.model.layers[0].self_attn.q_proj.base_layer.weight)
     x = torch.tensor([[1, 2, 3]])
     before = model(input_ids=x).logits
-    T._weights_for_backend(model)
+    weights_for_backend(model)
     assert torch.allclose(model(input_ids=x).logits, before)
 
     # a checkpoint holds the adapter (to resume) and the merged model (to serve)
@@ -435,8 +444,8 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     from safetensors.torch import load_file
 
     backends = []
-    make_backend = T._make_backend
-    monkeypatch.setattr(T, "_make_backend", lambda *a, **kw: backends.append(make_backend(*a, **kw)) or backends[-1])
+    make_backend = backend_for
+    monkeypatch.setattr(local_engine, "backend_for", lambda *a, **kw: backends.append(make_backend(*a, **kw)) or backends[-1])
     run_dir = tmp_path / "run"
     # a tiny random model earns equal rewards (no advantage): the entropy bonus still moves the adapters
     lora = ["model.lora.enabled=true", "model.lora.r=4", "train.lr=1e-3", "grpo.kl_coef=0.05", "eval.every=0",
@@ -490,7 +499,7 @@ def test_an_env_dataset_without_splits_is_refused_not_reused_for_eval():
 
     config = load_config([], [])
     with pytest.raises(Exception, match="has no split"):
-        T.load_samples(config, NoSplits(), "test", 4)
+        load_samples(config, NoSplits(), "test", 4)
 
 
 class _EnvWithExamples:
@@ -548,17 +557,17 @@ def test_an_env_that_takes_a_parser_gets_the_runs_and_a_parser_that_cannot_show_
             register(_SearchOnlyParser())
 
     with registered_plugin(Plugin()):
-        task = T._build_task(load_config([], ["env=with_examples"]))
+        task = build_task(load_config([], ["env=with_examples"]))
         assert task.env.parser_name == "qwen3" and task.parser.name == "qwen3"
         with pytest.raises(ConfigError) as info:  # every unknown option at once
-            T._build_task(load_config([], ["env=with_examples", "env_options={colour: red, size: 2}"]))
+            build_task(load_config([], ["env=with_examples", "env_options={colour: red, size: 2}"]))
         assert info.value.errors == [f"env_options.{key}: the 'with_examples' env has no option {key!r} (its "
                                      f"options: parser)" for key in ("colour", "size")]
         with pytest.raises(ConfigError, match="env_options.parser is 'other' but the run's parser is 'qwen3'"):
-            T._build_task(load_config([], ["env=with_examples", "env_options={parser: other}"]))
+            build_task(load_config([], ["env=with_examples", "env_options={parser: other}"]))
         with pytest.raises(ConfigError, match="parser: 'search_only' cannot show the model the 'with_examples' "
                                               "env's tools \\(ValueError: only the search tool"):
-            T._build_task(load_config([], ["env=with_examples", "parser=search_only"]))
+            build_task(load_config([], ["env=with_examples", "parser=search_only"]))
 
 
 def test_auto_dtype_trains_float32_weights_even_from_a_bf16_checkpoint(tmp_path):
@@ -566,7 +575,7 @@ def test_auto_dtype_trains_float32_weights_even_from_a_bf16_checkpoint(tmp_path)
     upcast, since bf16 rounds AdamW's small updates away."""
     tiny_model().to(torch.bfloat16).save_pretrained(tmp_path)
     config = load_config([], ["model.dtype=auto"])
-    model = T._load_policy(config, tmp_path, torch.device("cpu"))
+    model = load_policy(config, tmp_path, torch.device("cpu"))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
@@ -595,9 +604,9 @@ def test_a_step_without_tool_calls_or_reward_differences_warns_and_its_run_evalu
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps(row) + "\n" for row in _env().dataset(3, "test")))
     eval_config = load_config([run_dir / "config.yaml"], [f"data.eval_file={held_out}"])
-    report = T.evaluate(eval_config, str(run_dir), report_dir=tmp_path / "report")
+    report = evaluate(eval_config, str(run_dir), report_dir=tmp_path / "report")
     assert report["model"] == str(run_dir / "checkpoints" / "step-000001" / "model")
     assert report["samples"] == 3  # the whole split, not data.eval_size (2)
     assert report["metrics"]["eval/reward/accuracy"] == 0.0
     assert json.loads((tmp_path / "report" / "report.json").read_text())["samples"] == 3
-    assert T.evaluate(eval_config, str(run_dir), size=1)["samples"] == 1
+    assert evaluate(eval_config, str(run_dir), size=1)["samples"] == 1

@@ -96,7 +96,7 @@ def _run_eval(*, env: str, model: str, split: str, size: int | None, config: lis
               overrides: list[str] | None) -> None:
     from rlfactory_core.logs import LOG_FILE, log_to
     from rlfactory_core.preflight import checked_config
-    from rlfactory_core.trainer import evaluate
+    from rlfactory_core.evaluation import evaluate
 
     files = list(config or [])
     run_config = Path(model) / "config.yaml"

@@ -71,7 +71,3 @@ __all__ = [
     "vision_problem",
     "check_images",
 ]
-
-# The one name kept for a caller that has not moved yet: trainer.py's _check_images imports
-# it until the trainer calls check_images (then this line goes; it is not in __all__).
-_config = model_config

@@ -35,7 +35,7 @@ The choices, each a config key of ``grpo``:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
@@ -48,25 +48,36 @@ AdvantageNorm = Literal["group", "batch", "none"]
 LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, norm: AdvantageNorm = "group",
+def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int], norm: AdvantageNorm = "group",
                      eps: float = 1e-6) -> torch.Tensor:
-    """``[B]`` advantages for ``[B]`` rewards laid out group by group (rows ``g*G .. g*G+G-1``
-    are the ``G`` trajectories of prompt ``g``). Std is the unbiased sample std."""
+    """``[B]`` advantages for ``[B]`` rewards; ``groups[i]`` is row ``i``'s group (the
+    trajectories of one prompt), in any order. Each reward minus its group's mean, divided
+    by the group's unbiased std (``group``), the batch's (``batch``) or nothing (``none``).
+    Groups may differ in size (a trajectory lost to a failure leaves its group smaller); a
+    group of one has advantage 0."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D, got shape {tuple(rewards.shape)}")
-    if group_size < 1 or rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.float().view(-1, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    groups = torch.as_tensor(groups)
+    if groups.shape != rewards.shape or groups.is_floating_point():
+        raise ValueError(f"groups must be {rewards.numel()} integer group ids, got {tuple(groups.shape)} "
+                         f"{groups.dtype}")
+    if norm not in ("group", "batch", "none"):
+        raise ValueError(f"advantage norm must be 'group', 'batch' or 'none', got {norm!r}")
+    rewards = rewards.float()
+    centred = torch.zeros_like(rewards)
+    group_std = torch.zeros_like(rewards)
+    for group in groups.unique():
+        rows = groups == group
+        values = rewards[rows]
+        centred[rows] = values - values.mean()
+        if values.numel() > 1:
+            group_std[rows] = values.std()
     if norm == "none":
-        return centred.reshape(-1)
+        return centred
     if norm == "group":
-        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
-        return (centred / (std + eps)).reshape(-1)
-    if norm == "batch":
-        std = rewards.float().std() if rewards.numel() > 1 else rewards.new_zeros(())
-        return (centred / (std + eps)).reshape(-1)
-    raise ValueError(f"advantage norm must be 'group', 'batch' or 'none', got {norm!r}")
+        return centred / (group_std + eps)
+    std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+    return centred / (std + eps)
 
 
 def token_advantages(advantages: torch.Tensor, mask: torch.Tensor,

@@ -1,0 +1,75 @@
+"""The engine protocol: what the training loop (:mod:`rlfactory_core.trainer`) asks of an engine.
+
+An engine owns the policy, its optimizer and the generation backends, wherever they run:
+:class:`~rlfactory_core.engines.local.LocalEngine` keeps everything in this process;
+:class:`~rlfactory_core.engines.ray.RayEngine` places the same work on Ray actors. The loop
+calls, per step: :meth:`Engine.rollout` (trajectories and their rewards), :meth:`Engine.update`
+(the optimizer steps on the batch), :meth:`Engine.sync_weights` (the new policy to the
+generation backends), and sometimes :meth:`Engine.save` (a checkpoint). Every method is a
+coroutine, so the loop can await an engine's work while it answers a stop request
+(:mod:`rlfactory_core.stopping`) and, later, overlap rollout with training.
+
+An engine may run its work wherever it likes, with one rule: the update of a policy runs on
+one dedicated thread for the whole run (per-thread malloc arenas once kept the gigabytes an
+update frees in whichever thread pool worker ran it, growing a run by ~3 GB a step until it
+was killed; tested by tests/test_engines.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+
+from ..config import RunConfig
+
+__all__ = ["Engine", "RolloutResult", "rollout_config_for"]
+
+
+class RolloutResult(NamedTuple):
+    """One rollout's output: the trajectories (``group_size`` per sample, in sample order),
+    their scores (:class:`rlfactory_core.rewards.ScoredBatch`, one row per trajectory) and
+    the phases' times (``time/rollout``, ``time/reward``, and engine extras)."""
+
+    trajectories: list[Any]
+    scored: Any
+    times: dict[str, float]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Everything the training loop needs from an engine; all methods are coroutines."""
+
+    async def start(self) -> dict[str, Any] | None:
+        """Load the models and start the generation backends; return the resumed
+        checkpoint's state (``step``, ``position``), or None for a new run."""
+
+    async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                      rewards: str = "train") -> RolloutResult:
+        """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
+        rewards. Cancelling the call cancels the rollouts in flight."""
+
+    async def update(self, batch: Any, step: int) -> dict[str, float]:
+        """The optimizer steps on ``batch`` (:mod:`rlfactory_core.training.batch`) at
+        ``step``; their statistics (``train/*``)."""
+
+    async def sync_weights(self) -> dict[str, float]:
+        """The updated policy to every generation backend; metrics (``weight_sync/*``)."""
+
+    async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
+        """A checkpoint of ``step`` in ``run_dir`` (:mod:`rlfactory_core.training.checkpoint`),
+        with the loop's ``state`` (data position) and the tokenizer (or processor)."""
+
+    async def close(self) -> None:
+        """Release everything the engine started; safe to call after a failed start."""
+
+
+def rollout_config_for(config: RunConfig, step: int, *, temperature: float | None = None) -> Any:
+    """The rollout settings of ``step``: sampling seeds derived from ``train.seed`` (or
+    ``rollout.sampling.seed``) and the step, so every step samples differently and a rerun
+    samples the same; ``temperature`` overrides the sampling temperature (evaluation)."""
+    rollout = config.rollout.model_copy(deep=True)
+    base = rollout.sampling.seed if rollout.sampling.seed is not None else config.train.seed * 1_000_003
+    rollout.sampling.seed = base + step * 10_007
+    if temperature is not None:
+        rollout.sampling.temperature = temperature
+    return rollout

@@ -1,0 +1,143 @@
+"""The local engine: the policy, its optimizer and one generation backend in this process.
+
+:class:`LocalRollout` is the rollout half (the agent loop and the rewards with one
+backend); the local engine uses it, ``rlf eval`` uses it alone, and so does each of the ray
+engine's rollout workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..config import RunConfig
+from ..errors import ConfigError, one_line
+from ..task import Task
+from ..tools import DaemonThreadPool
+from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
+                               return_freed_memory, training_device, use_packing, weights_for_backend)
+from ..training.update import update_policy
+from .base import RolloutResult
+
+__all__ = ["LocalEngine", "LocalRollout", "backend_for"]
+
+
+def backend_for(config: RunConfig, model_path: Path | str) -> Any:
+    """The config's generation backend (``backend``, ``backend_options``) for ``model_path``;
+    options the backend does not take are a config error."""
+    from ..rollout import make_backend
+
+    name = config.backend
+    try:
+        return make_backend(name, str(model_path), **config.backend_options)
+    except TypeError as exc:
+        raise ConfigError([f"backend_options: the {name!r} backend does not take these options "
+                           f"({one_line(exc)})"], hint="vllm takes max_num_seqs, kv_cache_gib, ...; hf takes "
+                                                    "max_batch_size, dtype, device") from exc
+
+
+class LocalRollout:
+    """Rollout and rewards with one generation backend, in this process (also what each of
+    the ray engine's rollout workers runs)."""
+
+    def __init__(self, task: Task, backend: Any, chat: Any):
+        self.task, self.backend, self.chat = task, backend, chat
+
+    async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                      rewards: str = "train") -> RolloutResult:
+        """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
+        rewards; also the phases' times (``time/rollout``, ``time/reward``)."""
+        from ..rollout import rollout
+
+        t = time.perf_counter()
+        trajectories = await rollout(samples, env=self.task.env, parser=self.task.parser,
+                                     tool_manager=self.task.tool_manager, backend=self.backend, chat=self.chat,
+                                     config=rollout_config, group_size=group_size)
+        times = {"time/rollout": time.perf_counter() - t}
+        t = time.perf_counter()
+        layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
+        scored = await layer.score(trajectories, [samples[t.group] for t in trajectories])
+        times["time/reward"] = time.perf_counter() - t
+        return RolloutResult(trajectories, scored, times)
+
+    async def close(self) -> None:
+        """The backend, then the task (rewards, tool servers)."""
+        try:
+            await self.backend.close()
+        finally:
+            await self.task.close()
+
+
+class LocalEngine:
+    """The policy (and the reference model), its optimizer, and the generation backend, all
+    in this process."""
+
+    def __init__(self, config: RunConfig, task: Task, tokenizer: Any, *, base_path: Path,
+                 checkpoint: Path | None, processor: Any = None):
+        self.config, self.task, self.tokenizer, self.processor = config, task, tokenizer, processor
+        self.base_path, self.checkpoint = base_path, checkpoint
+
+    async def start(self) -> dict[str, Any] | None:
+        """Load the models and the backend; the checkpoint's state (None for a new run)."""
+        from ..rollout import ChatTemplate
+        from ..training.checkpoint import load_checkpoint
+
+        config, checkpoint = self.config, self.checkpoint
+        device = training_device(config)
+        model_path = checkpoint / "model" if checkpoint else self.base_path
+        adapter = checkpoint / "adapter" if checkpoint and (checkpoint / "adapter").exists() else None
+        # Every update on one thread: glibc gives each thread its own malloc arena, and the
+        # gigabytes an update frees would otherwise stay behind in whichever arena the executor's
+        # thread of the moment used (a deepsearch run grew ~3 GB a step and was OOM-killed).
+        # A daemon thread: a run stopped without saving exits without waiting for the update.
+        self.train_thread = DaemonThreadPool(1, thread_name_prefix="rlf-train")
+        self.policy = load_policy(config, self.base_path if adapter else model_path, device, adapter)
+        self.reference = load_reference(config, self.base_path, device)
+        self.packed = use_packing(config, attn_implementation(config, device))
+        self.optimizer, self.scheduler = build_optimizer(self.policy, config)
+        state = None
+        if checkpoint is not None:
+            state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.backend = backend_for(config, model_path)
+        if hasattr(self.backend, "start"):
+            await self.backend.start()
+        self.generation = LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer, processor=self.processor))
+        return state
+
+    async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                      rewards: str = "train") -> RolloutResult:
+        return await self.generation.rollout(samples, rollout_config, group_size=group_size, rewards=rewards)
+
+    async def update(self, batch: Any, step: int) -> dict[str, float]:
+        stats = await self._on_train_thread(update_policy, self.policy, self.reference, self.optimizer, batch,
+                                            self.config, step=step, packed=self.packed)
+        return_freed_memory()
+        self.scheduler.step()
+        stats["train/lr"] = self.scheduler.get_last_lr()[0]
+        return stats
+
+    async def sync_weights(self) -> dict[str, float]:
+        await self.backend.update_weights(weights_for_backend(self.policy))
+        return {}
+
+    async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
+        from ..training.checkpoint import save_checkpoint
+
+        # on the training thread: the policy's tensors are read where they are written
+        await self._on_train_thread(
+            save_checkpoint, run_dir, step, model=self.policy, tokenizer=tokenizer, optimizer=self.optimizer,
+            scheduler=self.scheduler, state=state, config=self.config.model_dump(mode="json"),
+            keep=self.config.checkpoint.keep)
+
+    async def _on_train_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(
+            self.train_thread, functools.partial(function, *args, **kwargs))
+
+    async def close(self) -> None:
+        if hasattr(self, "train_thread"):
+            self.train_thread.shutdown()
+        if hasattr(self, "backend"):
+            await self.backend.close()

@@ -1,0 +1,412 @@
+"""The ray engine's driver side: the cluster, placement, and the engine protocol's methods
+sending work to the actors (:mod:`.actors`). See :mod:`rlfactory_core.engines.ray`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import ray
+
+from ...config import RunConfig
+from ...errors import ConfigError, RLFactoryError, one_line
+from ..base import RolloutResult
+from .actors import JudgeActor, RolloutWorker, ToolActor, TrainerWorker, role_threads, threads_for
+
+__all__ = ["RayEngine", "chunks", "remote"]
+
+
+def _merge_scored(parts: Sequence[Any]) -> Any:
+    from collections import Counter
+
+    from ...rewards import ScoredBatch
+
+    errors: Counter[str] = Counter()
+    applied: Counter[str] = Counter()
+    for part in parts:
+        errors.update(part.errors)
+        applied.update(part.applied)
+    return ScoredBatch(totals=[t for p in parts for t in p.totals],
+                       components=[c for p in parts for c in p.components],
+                       correct=[c for p in parts for c in p.correct], errors=errors, applied=applied,
+                       turn_rewards=[r for p in parts for r in p.turn_rewards],
+                       reward_errors=[e for p in parts for e in p.reward_errors])
+
+
+def chunks(count: int, parts: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of ``parts`` contiguous, near-equal chunks of ``count`` items (no empty ones)."""
+    parts = max(1, min(parts, count))
+    size, extra = divmod(count, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _failure(where: str, exc: Any) -> RLFactoryError:
+    """An exception raised inside an actor, for the driver: an RLFactoryError (a config
+    problem found in the actor) as it is, anything else in one line naming where."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RLFactoryError):
+        return cause
+    return RLFactoryError(f"{where}: {type(cause or exc).__name__}: {one_line(cause or exc)}",
+                          hint="the actor's traceback is in the Ray logs (/tmp/ray/session_latest/logs); "
+                               "set ray.worker_logs=true to see it here")
+
+
+def remote(cls: type) -> Any:
+    """The Ray actor class of ``cls``. Made here, not with ``@ray.remote`` on the class: the
+    module attribute must stay the class itself, so that cloudpickle sends it by reference
+    (the module is importable in every worker) instead of by value with its globals."""
+    return ray.remote(cls)
+
+_JOIN_TIMEOUT_S = 10.0
+
+
+def _unreachable(address: str, timeout: float = _JOIN_TIMEOUT_S) -> str | None:
+    """Why nothing answers at a cluster address (``host:port``, ``ray://host:port``), or
+    None when a TCP connection opens (or the address is ``auto``/``local``, Ray's own to
+    resolve). Checked before ``ray.init``, which retries an address where nothing listens
+    20 times (Ray 2.60: still retrying after 200 s, ~40 s an attempt even with
+    ``RAY_gcs_server_request_timeout_seconds=5``; ~14 minutes in all at that rate)."""
+    import socket
+
+    target = address.removeprefix("ray://").rstrip("/")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return None  # "auto", "local" or a malformed address: ray.init says what it makes of it
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"nothing answers at {host}:{port} ({type(exc).__name__}: {exc.strerror or exc})"
+
+
+def torch_gpus() -> int:
+    """The CUDA devices torch sees (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
+
+
+class RayEngine:
+    """The engine protocol (:class:`rlfactory_core.engines.base.Engine`) on Ray actors; see
+    :mod:`rlfactory_core.engines.ray`."""
+
+    def __init__(self, config: RunConfig, *, base_path: Path, checkpoint: Path | None, console: Any = None):
+        self.config, self.base_path, self.checkpoint = config, Path(base_path), checkpoint
+        self.model_path = checkpoint / "model" if checkpoint else self.base_path
+        self.config_json = config.model_dump(mode="json")
+        self.console = console
+        self.started_ray = False
+        self.placement_groups: list[Any] = []
+        self.trainers: list[Any] = []
+        self.rollout_workers: list[Any] = []
+        self.rollout_bundles: list[tuple[Any, int]] = []
+        self.tool_actors: dict[str, Any] = {}
+        self.judges: list[Any] = []
+        self.weights: Any = None  # ObjectRef of the latest synced weights
+        self.restarts = 0  # rollout workers replaced, whole run
+        self.restarts_left = config.ray.max_restarts  # this step's: reset by each rollout, spent by the push too
+
+    # ---- cluster and placement
+
+    def _say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return
+        address = self.config.ray.address or os.environ.get("RAY_ADDRESS")
+        quiet = {"include_dashboard": False, "log_to_driver": self.config.ray.worker_logs,
+                 "configure_logging": True, "logging_level": "warning"}
+        if address:
+            hint = ("start it with `ray start --head` (see the README), or unset ray.address / RAY_ADDRESS "
+                    "to start a local one")
+            unreachable = _unreachable(address)
+            if unreachable:
+                raise RLFactoryError(f"cannot join the Ray cluster at {address}: {unreachable}", hint=hint)
+            try:
+                ray.init(address=address, **quiet)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise RLFactoryError(f"cannot join the Ray cluster at {address}: {one_line(exc)}", hint=hint) from exc
+        else:
+            ray.init(num_cpus=self.config.ray.num_cpus, num_gpus=self.config.ray.num_gpus, **quiet)
+            self.started_ray = True
+
+    def _demands(self) -> list[tuple[str, int, dict[str, float]]]:
+        """``(role, bundles, bundle)`` of every placement group the run needs."""
+        r = self.config.ray
+        out = []
+        if r.placement == "colocated":
+            out.append(("trainer+rollout", max(r.trainer.workers, r.rollout.workers),
+                        _bundle(r.trainer.cpus + r.rollout.cpus, r.trainer.gpus + r.rollout.gpus)))
+        else:
+            out.append(("trainer", r.trainer.workers, _bundle(r.trainer.cpus, r.trainer.gpus)))
+            out.append(("rollout", r.rollout.workers, _bundle(r.rollout.cpus, r.rollout.gpus)))
+        if r.judge.rewards:
+            out.append(("judge", r.judge.workers, _bundle(r.judge.cpus, r.judge.gpus)))
+        if r.tool_actors.names:
+            out.append(("tool_actors", len(r.tool_actors.names), _bundle(r.tool_actors.cpus, 0)))
+        return out
+
+    def _check_resources(self, have: dict[str, float], where: str = "the cluster") -> None:
+        """Every role's request against ``have`` (a cluster's totals), all shortfalls in one error."""
+        need: dict[str, float] = {}
+        for _, count, bundle in self._demands():
+            for key, value in bundle.items():
+                need[key] = need.get(key, 0.0) + count * value
+        short = [f"{key}: the roles need {value:g}, {where} has {have.get(key, 0):g}"
+                 for key, value in need.items() if value > have.get(key, 0) + 1e-9]
+        if short:
+            roles = "; ".join(f"{role} {count} x {bundle}" for role, count, bundle in self._demands())
+            raise ConfigError([f"ray: {line}" for line in short],
+                              hint=f"requested {roles}; lower ray.<role>.workers/cpus/gpus, add nodes, or for a "
+                                   "local cluster raise ray.num_cpus / ray.num_gpus")
+
+    def _local_cluster_resources(self) -> dict[str, float]:
+        """What ``ray.init`` would give a local cluster: ``ray.num_cpus`` / ``ray.num_gpus``,
+        else the CPUs this process may use and the GPUs torch sees."""
+        r = self.config.ray
+        cpus = r.num_cpus if r.num_cpus is not None else len(os.sched_getaffinity(0))
+        gpus = r.num_gpus if r.num_gpus is not None else torch_gpus()
+        return {"CPU": float(cpus), "GPU": float(gpus)}
+
+    def _placement_group(self, role: str, count: int, bundle: dict[str, float], strategy: str) -> Any:
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+        self.placement_groups.append(group)
+        try:
+            ray.get(group.ready(), timeout=self.config.ray.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            self.placement_groups.remove(group)
+            raise RLFactoryError(
+                f"the Ray cluster could not place the {role} role ({count} x {bundle}) within "
+                f"{self.config.ray.placement_timeout_s:g} s; available now: {ray.available_resources()}",
+                hint="a bundle must fit on one node; free resources, lower ray.<role>.cpus/gpus, or "
+                     "raise ray.placement_timeout_s") from None
+        return group
+
+    @staticmethod
+    def _on(group: Any, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index,
+                                                placement_group_capture_child_tasks=True)
+
+    # ---- the engine interface
+
+    async def start(self) -> dict[str, Any] | None:
+        import json
+
+        r = self.config.ray
+        if not (self.config.ray.address or os.environ.get("RAY_ADDRESS")) and not ray.is_initialized():
+            # A cluster this run would start: its size is known before starting it.
+            self._check_resources(self._local_cluster_resources(), "the local cluster this run would start")
+        self._connect()
+        have = ray.cluster_resources()
+        self._check_resources(have)
+        self._say(f"ray engine: {r.trainer.workers} trainer rank(s), {r.rollout.workers} rollout worker(s), "
+                  f"placement {r.placement}; cluster: {have.get('CPU', 0):g} CPU, {have.get('GPU', 0):g} GPU, "
+                  f"{len(ray.nodes())} node(s)")
+        if r.placement == "colocated":
+            _, count, bundle = self._demands()[0]
+            shared = self._placement_group("trainer+rollout", count, bundle, "PACK")
+            trainer_bundles = [(shared, i % count) for i in range(r.trainer.workers)]
+            self.rollout_bundles = [(shared, i % count) for i in range(r.rollout.workers)]
+        else:
+            trainers = self._placement_group("trainer", r.trainer.workers, _bundle(r.trainer.cpus, r.trainer.gpus),
+                                             "PACK")
+            rollouts = self._placement_group("rollout", r.rollout.workers, _bundle(r.rollout.cpus, r.rollout.gpus),
+                                             "SPREAD")
+            trainer_bundles = [(trainers, i) for i in range(r.trainer.workers)]
+            self.rollout_bundles = [(rollouts, i) for i in range(r.rollout.workers)]
+
+        if r.tool_actors.names:
+            group = self._placement_group("tool_actors", len(r.tool_actors.names), _bundle(r.tool_actors.cpus, 0),
+                                          "SPREAD")
+            for i, name in enumerate(r.tool_actors.names):
+                self.tool_actors[name] = remote(ToolActor).options(
+                    max_restarts=-1, num_cpus=r.tool_actors.cpus, max_concurrency=r.tool_actors.max_concurrency,
+                    scheduling_strategy=self._on(group, i)).remote(self.config_json, name)
+            await self._ready("tool actor", [a.describe.remote() for a in self.tool_actors.values()])
+        if r.judge.rewards:
+            group = self._placement_group("judge", r.judge.workers, _bundle(r.judge.cpus, r.judge.gpus), "SPREAD")
+            self.judges = [remote(JudgeActor).options(max_restarts=-1, num_cpus=r.judge.cpus, num_gpus=r.judge.gpus, max_concurrency=1000,
+                                               scheduling_strategy=self._on(group, i))
+                           .remote(self.config_json, threads_for(self.config, r.judge.cpus))
+                           for i in range(r.judge.workers)]
+            await self._ready("judge", [j.ready.remote() for j in self.judges])
+
+        world = r.trainer.workers
+        self.trainers = [remote(TrainerWorker).options(num_cpus=r.trainer.cpus, num_gpus=r.trainer.gpus,
+                                                scheduling_strategy=self._on(group, index))
+                         .remote(rank, world, role_threads(self.config, "trainer"))
+                         for rank, (group, index) in enumerate(trainer_bundles)]
+        address = await self._ready("trainer", [self.trainers[0].rendezvous_address.remote()])
+        await self._ready("trainer", [t.setup.remote(self.config_json, address[0], str(self.model_path),
+                                                     str(self.base_path),
+                                                     str(self.checkpoint) if self.checkpoint else None)
+                                      for t in self.trainers])
+        self.rollout_workers = [None] * r.rollout.workers
+        await asyncio.gather(*(self._start_rollout_worker(i) for i in range(r.rollout.workers)))
+        if self.checkpoint is None:
+            return None
+        return json.loads((self.checkpoint / "state.json").read_text(encoding="utf-8"))
+
+    async def _ready(self, role: str, refs: list[Any]) -> list[Any]:
+        """The results of a role's start-up calls; a config problem raised in an actor comes
+        back as the ConfigError it is."""
+        try:
+            return await asyncio.gather(*refs)
+        except ray.exceptions.RayTaskError as exc:
+            raise _failure(f"the {role} role, starting", exc) from None
+        except ray.exceptions.RayActorError as exc:
+            raise RLFactoryError(f"a {role} actor died while starting: {one_line(exc)}",
+                                 hint="check memory (each actor loads the model) and the Ray logs in "
+                                      "/tmp/ray/session_latest/logs") from None
+
+    async def _start_rollout_worker(self, index: int) -> Any:
+        r = self.config.ray
+        group, bundle = self.rollout_bundles[index]
+        worker = remote(RolloutWorker).options(num_cpus=r.rollout.cpus, num_gpus=r.rollout.gpus,
+                                        scheduling_strategy=self._on(group, bundle)).remote(
+            role_threads(self.config, "rollout"))
+        self.rollout_workers[index] = worker
+        await self._ready("rollout", [worker.start.remote(self.config_json, str(self.model_path),
+                                                          str(self.base_path), self.tool_actors, self.judges,
+                                                          self.weights)])
+        return worker
+
+    async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                      rewards: str = "train") -> RolloutResult:
+        """The prompts in contiguous chunks, one per rollout worker, each with the sampling
+        seeds its trajectories have on the local engine; a chunk whose worker dies runs
+        again on its replacement."""
+        spans = chunks(len(samples), len(self.rollout_workers))
+        self.restarts_left = self.config.ray.max_restarts
+
+        async def run(index: int, start: int, end: int) -> tuple[list[Any], Any, dict[str, float]]:
+            chunk_config = rollout_config.model_copy(deep=True)
+            if chunk_config.sampling.seed is not None:
+                chunk_config.sampling.seed += start * group_size
+            while True:
+                worker = self.rollout_workers[index]
+                try:
+                    return await worker.rollout.remote(list(samples[start:end]), chunk_config, group_size, rewards)
+                except ray.exceptions.RayTaskError as exc:  # raised in the worker: not a lost worker
+                    raise _failure(f"rollout worker {index}", exc) from None
+                except ray.exceptions.RayActorError as exc:
+                    self._spend_restart(index, exc)
+                    self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and running its "
+                              f"{end - start} prompt(s) again")
+                    with contextlib.suppress(Exception):
+                        ray.kill(worker)
+                    await self._start_rollout_worker(index)
+
+        parts = await asyncio.gather(*(run(i, s, e) for i, (s, e) in enumerate(spans)))
+        for (start, _), part in zip(spans, parts):
+            for trajectory in part[0]:  # a worker numbers the groups of its chunk from 0
+                trajectory.group += start
+        trajectories = [t for part in parts for t in part[0]]
+        times = {key: max(part[2].get(key, 0.0) for part in parts) for key in ("time/rollout", "time/reward")}
+        times["ray/rollout_worker_restarts"] = float(self.restarts)
+        return RolloutResult(trajectories, _merge_scored([part[1] for part in parts]), times)
+
+    def _spend_restart(self, index: int, exc: Exception) -> None:
+        """Count the replacement of dead rollout worker ``index`` against this step's
+        ``ray.max_restarts`` (rollout and weight push together), or fail the step."""
+        if self.restarts_left == 0:
+            raise RLFactoryError(
+                f"rollout worker {index} died and the {self.config.ray.max_restarts} replacement(s) a step that "
+                f"ray.max_restarts allows are used up ({one_line(exc)})",
+                hint="check the Ray logs (/tmp/ray/session_latest/logs) and memory; raise ray.max_restarts, or "
+                     "resume with `rlf train --resume RUN_DIR`") from None
+        self.restarts_left -= 1
+        self.restarts += 1
+
+    async def _trainer_call(self, what: str, refs: list[Any]) -> list[Any]:
+        try:
+            return await asyncio.gather(*refs)
+        except ray.exceptions.RayTaskError as exc:
+            raise _failure(f"the trainer group, during {what}", exc) from None
+        except ray.exceptions.RayActorError as exc:
+            raise RLFactoryError(f"a trainer rank died during {what} ({one_line(exc)}); its shards are lost",
+                                 hint="resume from the last checkpoint with `rlf train --resume RUN_DIR` "
+                                      "(engine ray or local)") from None
+
+    async def update(self, batch: Any, step: int) -> dict[str, float]:
+        batch_ref = ray.put(batch)
+        stats = await self._trainer_call("the update", [t.update.remote(batch_ref, step) for t in self.trainers])
+        return stats[0]
+
+    async def sync_weights(self) -> dict[str, float]:
+        """Rank 0 gathers the full weights; one object goes to every rollout worker."""
+        t = time.perf_counter()
+        refs = [t_.gather_weights.remote() for t_ in self.trainers]
+        await self._trainer_call("the weight gather", [size for _, size in refs])
+        gathered = time.perf_counter() - t
+        weights, size_ref = refs[0]
+        self.weights = weights
+        size = await size_ref
+
+        async def push(index: int, worker: Any) -> None:
+            try:
+                await worker.update_weights.remote(weights)
+            except ray.exceptions.RayActorError as exc:
+                # lost since its rollout: the replacement starts from these weights (self.weights)
+                self._spend_restart(index, exc)
+                self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it with the new weights")
+                with contextlib.suppress(Exception):
+                    ray.kill(worker)
+                await self._start_rollout_worker(index)
+
+        await asyncio.gather(*(push(i, w) for i, w in enumerate(self.rollout_workers)))
+        total = time.perf_counter() - t
+        mb = size / 2**20
+        return {"weight_sync/mb": mb, "weight_sync/gather_s": gathered,
+                "weight_sync/ms_per_mb": 1000 * total / max(mb, 1e-9)}
+
+    async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
+        refs = [t.save.remote(str(Path(run_dir).resolve()), step, state, str(self.base_path))
+                for t in self.trainers]
+        try:
+            await asyncio.gather(*refs)
+        except ray.exceptions.RayActorError as exc:
+            raise RLFactoryError(f"a trainer rank died while saving step {step} ({one_line(exc)})",
+                                 hint="resume from the last checkpoint with `rlf train --resume RUN_DIR`") from None
+
+    async def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if not ray.is_initialized():
+            return
+        closing = [w.close.remote() for w in self.rollout_workers if w is not None]
+        closing += [t.close.remote() for t in self.trainers]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), 60)
+        for actor in [*self.rollout_workers, *self.trainers, *self.tool_actors.values(), *self.judges]:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        for group in self.placement_groups:
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+        self.placement_groups.clear()
+        if self.started_ray:
+            ray.shutdown()

@@ -1,0 +1,134 @@
+"""Evaluation: held-out samples rolled out greedily (or at ``eval.temperature``) and scored.
+
+:func:`run_eval` runs during training (before the first step, every ``eval.every`` steps and
+after the last) on any engine; :func:`evaluate` is ``rlf eval``: one model (a name, a
+directory, a run's newest checkpoint) on a split, in this process, with a report and sample
+trajectories written as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import RunConfig
+from .data import load_samples
+from .engines.base import rollout_config_for
+from .engines.local import LocalRollout, backend_for
+from .task import build_task
+
+__all__ = ["evaluate", "run_eval", "tool_metrics", "eval_summary"]
+
+
+def evaluate(config: RunConfig, model: str, *, split: str = "test", size: int | None = None,
+             report_dir: str | os.PathLike[str] | None = None, console: Any = None) -> dict[str, Any]:
+    """Evaluate ``model`` (a model name, a directory, or a run directory: its newest
+    checkpoint) on ``split`` (all of it, or its first ``size`` samples); write ``report.json``
+    and sample trajectories into ``report_dir`` (when given); return the report. Checked
+    first like :func:`train`."""
+    from .preflight import raise_problems, run_problems
+
+    raise_problems(run_problems(config, purpose="eval", model=model, split=split, report_dir=report_dir))
+    return asyncio.run(_evaluate(config, model, split=split, size=size,
+                                 report_dir=Path(report_dir) if report_dir else None, console=console))
+
+
+async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | None, report_dir: Path | None,
+                    console: Any) -> dict[str, Any]:
+    from .models import check_images, load_tokenizer
+    from .preflight import resolve_eval_model
+    from .rollout import ChatTemplate
+
+    # a run's newest checkpoint, a checkpoint, an embedded name (prepared), a directory or a hub id
+    path = resolve_eval_model(model)
+    task = build_task(config)
+    try:
+        # The whole split unless a size is given: `rlf eval` reports on the split, not on the
+        # data.eval_size subset that periodic evaluation during training uses.
+        samples = load_samples(config, task.env, split, size)
+        tokenizer = load_tokenizer(path)
+        processor = check_images(config, task.env, path, training=False)
+        backend = backend_for(config, path)
+    except BaseException:
+        await task.close()
+        raise
+    try:
+        if hasattr(backend, "start"):
+            await backend.start()
+        chat = ChatTemplate(tokenizer, processor=processor)
+        metrics = await run_eval(0, samples, LocalRollout(task, backend, chat), config,
+                                 report_dir / "samples" if report_dir else None, tokenizer)
+    finally:
+        await backend.close()
+        await task.close()
+    report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),
+              "metrics": metrics}
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunConfig, out_dir: Path | None,
+                   tokenizer: Any) -> dict[str, float]:
+    """``eval/*`` metrics of one greedy pass over ``samples`` (``engine``: anything with the
+    engine protocol's ``rollout``); the first ``eval.save_samples`` trajectories are written
+    to ``out_dir/step-<step>.jsonl``."""
+    from .rollout import rollout_metrics
+
+    trajectories, scored, _ = await engine.rollout(
+        samples, rollout_config_for(config, -1, temperature=config.eval.temperature), group_size=1, rewards="eval")
+    metrics = scored.metrics("eval/reward")
+    rollout_stats = rollout_metrics(trajectories)
+    metrics.update(tool_metrics("eval/tools", rollout_stats, trajectories))
+    metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_stats.items()})
+    if out_dir is not None and config.eval.save_samples:
+        _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],
+                      samples, scored, tokenizer)
+    return metrics
+
+
+def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any], scored: Any,
+                  tokenizer: Any) -> None:
+    """Trajectories as readable text: the whole conversation as the model saw it, with
+    each reward's score and any reward errors."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row, (trajectory, sample) in enumerate(zip(trajectories, samples)):
+            ids = list(trajectory.prompt_ids) + [i for s in trajectory.segments for i in s.token_ids]
+            f.write(json.dumps({
+                "sample_id": trajectory.sample_id, "reward": scored.totals[row], "rewards": scored.components[row],
+                "reward_errors": scored.reward_errors[row],
+                "final_answer": trajectory.final_answer,
+                "expected": sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None,
+                "stop_reason": trajectory.stop_reason, "turns": trajectory.num_turns,
+                "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in trajectory.tool_calls],
+                "text": tokenizer.decode(ids),
+            }, ensure_ascii=False) + "\n")
+
+
+def tool_metrics(prefix: str, rollout: dict[str, float], trajectories: Sequence[Any]) -> dict[str, float]:
+    """Per-trajectory and per-call rates from :func:`~rlfactory_core.rollout.rollout_metrics`."""
+    n = max(rollout["rollout/trajectories"], 1.0)
+    calls = rollout.get("rollout/tool_calls", 0.0)
+    metrics = {
+        f"{prefix}/calls_per_trajectory": calls / n,
+        f"{prefix}/trajectories_with_calls": sum(1 for t in trajectories if t.tool_calls) / n,
+        f"{prefix}/error_rate": rollout.get("rollout/tool_errors", 0.0) / calls if calls else 0.0,
+        f"{prefix}/parse_errors_per_trajectory": rollout.get("rollout/parse_errors", 0.0) / n,
+    }
+    for key, count in rollout.items():
+        if key.startswith("rollout/tool_errors/"):
+            metrics[f"{prefix}/error_rate/{key.rsplit('/', 1)[1]}"] = count / calls if calls else 0.0
+    return metrics
+
+
+def eval_summary(metrics: dict[str, Any]) -> str:
+    """``reward R, accuracy A``; no accuracy when no reward judges correctness."""
+    text = f"reward {metrics['eval/reward/mean']:.3f}"
+    if "eval/reward/accuracy" in metrics:
+        text += f", accuracy {metrics['eval/reward/accuracy']:.3f}"
+    return text

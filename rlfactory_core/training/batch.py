@@ -1,0 +1,162 @@
+"""The rollout batch: trajectories as tensors, with their advantages, and its micro-batches.
+
+The batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per trajectory,
+right-padded): ``input_ids``, ``attention_mask``, ``loss_mask``, ``sampler_logprobs`` and
+``advantages`` ([B, L]), ``lengths`` and ``sequence_advantages`` ([B]); with images, their
+model inputs (``image_inputs``, ``image_counts``). The update adds ``old_logprobs`` and
+``ref_logprobs``. Micro-batches are row selections of it (trajectories of similar length,
+at most ``grpo.micro_batch_tokens`` tokens), narrowed to their longest row, and each is fed
+to the model padded or packed (``grpo.packing``, :mod:`.logprobs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..config import RunConfig
+from ..errors import ModelError
+
+__all__ = ["build_batch", "turn_reward_tensor", "rows_of", "micro_batches", "micro_image_inputs"]
+
+
+def turn_reward_tensor(trajectories: Sequence[Any], width: int,
+                       reward_turn_rewards: Sequence[Sequence[float]] | None = None) -> Any:
+    """``[B, L]``: each model turn's reward on the last token of that turn: the env's
+    (``trajectory.turn_rewards``) plus the rewards' (``reward_turn_rewards[row]``, from
+    :class:`rlfactory_core.rewards.ScoredBatch`)."""
+    import torch
+
+    out = torch.zeros(len(trajectories), width)
+    for row, trajectory in enumerate(trajectories):
+        extra = reward_turn_rewards[row] if reward_turn_rewards is not None else ()
+        position = len(trajectory.prompt_ids)
+        model_turn = 0
+        for segment in trajectory.segments:
+            position += len(segment.token_ids)
+            if segment.kind == "model":
+                if segment.token_ids:
+                    if model_turn < len(trajectory.turn_rewards):
+                        out[row, position - 1] += float(trajectory.turn_rewards[model_turn])
+                    if model_turn < len(extra):
+                        out[row, position - 1] += float(extra[model_turn])
+                model_turn += 1
+    return out
+
+
+def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int,
+                processor: Any = None, *, reward_turn_rewards: Sequence[Sequence[float]] | None = None) -> Any:
+    """The rollout batch as a TensorDict (see above), with per-token advantages computed
+    within each trajectory's ``group``; with images (a vision-language model's
+    ``processor``), their model inputs too. ``reward_turn_rewards``: the rewards' per-turn
+    rewards of each row, added to the env's."""
+    import torch
+
+    from ..rollout import to_tensordict
+    from .grpo import group_advantages, token_advantages
+
+    groups = [t.group for t in trajectories]
+    if any(group is None for group in groups):
+        raise ValueError("every trajectory needs its group (set by the rollout) for group advantages")
+    td = to_tensordict(trajectories, pad_token_id=pad_id, layout="padded")
+    if processor is not None and any(t.images for t in trajectories):
+        _add_image_inputs(td, trajectories, processor)
+    advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), groups, config.grpo.advantage_norm)
+    turn_rewards = None
+    has_turn_rewards = any(any(t.turn_rewards) for t in trajectories) or any(
+        any(r) for r in reward_turn_rewards or ())
+    if config.grpo.turn_rewards and has_turn_rewards:
+        turn_rewards = turn_reward_tensor(trajectories, td["input_ids"].shape[1], reward_turn_rewards)
+    td["sampler_logprobs"] = td.pop("logprobs")
+    td["advantages"] = token_advantages(advantages, td["loss_mask"], turn_rewards)
+    td["sequence_advantages"] = advantages
+    del td["position_ids"], td["prompt_lengths"]
+    return td
+
+
+def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> None:
+    """Each row's images as model inputs: ``image_inputs`` (a TensorDict of the image
+    processor's tensors, ``[B, most images in a row, ...]``, zero-padded) and
+    ``image_counts`` (``[B]``). Row ``r``'s first ``image_counts[r]`` entries are its images
+    in the order of its image tokens."""
+    import torch
+    from tensordict import TensorDict
+
+
+    from ..rollout.render import image_inputs
+
+
+    # A trajectory's images are those of its messages, which it gets only with its prompt's
+    # ids; a row without image tokens (defensively) gets none.
+    from ..rollout.render import trajectory_ids
+
+
+    image_token = getattr(processor, "image_token_id", None)
+    rows = [t.images if t.images and (image_token is None or image_token in trajectory_ids(t)) else []
+            for t in trajectories]
+    if not any(rows):
+        return
+    per_row = [image_inputs(processor, images) if images else None for images in rows]
+    template = next(p for p in per_row if p is not None)
+    most = max(len(images) for images in rows)
+    padded = {}
+    for key, value in template.items():
+        out = torch.zeros((len(trajectories), most, *value.shape[1:]), dtype=value.dtype)
+        for row, inputs in enumerate(per_row):
+            if inputs is not None:
+                if tuple(inputs[key].shape[1:]) != tuple(value.shape[1:]):
+                    raise ModelError(f"the image processor gives {key} of different shapes per image "
+                                     f"({tuple(inputs[key].shape[1:])} vs {tuple(value.shape[1:])})",
+                                     hint="training takes models whose processor resizes every image to one "
+                                          "shape (LLaVA's CLIP processor)")
+                out[row, :len(inputs[key])] = inputs[key]
+        padded[key] = out
+    td["image_inputs"] = TensorDict(padded, batch_size=[len(trajectories)])
+    td["image_counts"] = torch.tensor([len(images) for images in rows], dtype=torch.int64)
+
+
+def rows_of(batch: Any, rows: Sequence[int]) -> Any:
+    """The micro-batch of ``rows``: a TensorDict narrowed to its longest row."""
+    micro = batch[list(rows)]
+    width = int(micro["lengths"].max())
+    images = micro.pop("image_inputs", None)  # per image, not per token: not narrowed
+    micro = micro.apply(lambda t: t[:, :width] if t.dim() > 1 else t)
+    if images is not None:
+        micro["image_inputs"] = images
+    return micro
+
+
+def micro_image_inputs(micro: Any, device: Any, dtype: Any) -> dict[str, Any] | None:
+    """The micro-batch's images as model inputs, concatenated in row order (the order of
+    their image tokens in a padded or packed batch); None without images."""
+    import torch
+
+
+    if "image_inputs" not in micro.keys():
+        return None
+    counts = [int(c) for c in micro["image_counts"]]
+    if not any(counts):
+        return None
+    out = {}
+    for key, value in micro["image_inputs"].items():
+        joined = torch.cat([value[row, :count] for row, count in enumerate(counts) if count])
+        out[key] = joined.to(device, dtype=dtype if joined.is_floating_point() else joined.dtype)
+    return out
+
+
+def micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: bool = False) -> list[list[int]]:
+    """``rows`` grouped by length (so that little padding is computed), at most
+    ``token_budget`` tokens each (at least one row): counted padded (rows x longest row)
+    or, ``packed``, as the sum of the rows' lengths."""
+    ordered = sorted(rows, key=lambda r: int(lengths[r]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for row in ordered:
+        candidate = [int(lengths[r]) for r in current] + [int(lengths[row])]
+        tokens = sum(candidate) if packed else max(candidate) * len(candidate)
+        if current and tokens > token_budget:
+            batches.append(current)
+            current = []
+        current.append(row)
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,120 @@
+"""The policy's logprobs (and entropies) of the sampled tokens of a micro-batch.
+
+Only the positions that predict a sampled token go through the vocabulary projection
+(prompts and observations are most of a trajectory, and [tokens, vocab] logits most of the
+memory). A micro-batch is fed padded, or packed into one row with positions restarting at
+each trajectory (``grpo.packing``): flash-attention's varlen kernel then skips padding
+entirely; SDPA gives the same numbers through a block-diagonal mask.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rollout import GREEDY_TEMPERATURE
+from .batch import micro_image_inputs
+
+__all__ = ["token_logprobs", "scored_logits"]
+
+
+def token_logprobs(model: Any, micro: Any, *, bf16: bool, entropy: bool, entropy_grad: bool = False,
+                    packed: bool = False, temperature: float = 1.0) -> tuple[Any, Any]:
+    """``[b, l]`` logprobs (and entropies) under ``model`` of the tokens of the micro-batch
+    ``micro`` where its ``loss_mask`` is 1; zeros elsewhere. Only the masked positions'
+    logits are normalised. The entropy carries a gradient only with ``entropy_grad`` (an
+    entropy bonus).
+
+    ``temperature``: the sampling temperature of the rollout. The policy that sampled the
+    tokens is ``softmax(logits / T)``, and that is the policy the ratio, the KL and the
+    sampler comparison are about (as in verl and TRL); the backends report their logprobs
+    the same way (:mod:`rlfactory_core.rollout.backends.base`). Greedy (``T`` below the backends' threshold) scores
+    the raw logits, as the backends do.
+
+    ``packed``: the rows' real tokens are concatenated into one row, with positions
+    restarting at each trajectory and no attention mask; transformers then keeps the
+    trajectories apart (flash-attention's varlen kernel, or a block-diagonal mask), and no
+    padding token is computed. The results are scattered back to the padded layout."""
+    import torch
+
+    from .grpo import entropy_from_logits
+
+    device = next(model.parameters()).device
+    input_ids, attention_mask = micro["input_ids"].to(device), micro["attention_mask"].to(device)
+    loss_mask = micro["loss_mask"].to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if packed:
+        real = attention_mask.bool()
+        # right-padded rows: row-major selection keeps each trajectory contiguous, in order
+        model_ids, model_mask, model_positions = input_ids[real][None], None, position_ids[real][None]
+        scored = loss_mask[real][None]
+    else:
+        model_ids, model_mask, model_positions, scored = input_ids, attention_mask, position_ids, loss_mask
+    images = micro_image_inputs(micro, device, next(model.parameters()).dtype)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+    # Token t is predicted from position t - 1. Packed, position t - 1 may be the end of the
+    # previous trajectory, but only for a trajectory's first token, which is a prompt token
+    # and never scored.
+    targets = scored[:, 1:].bool()
+    with autocast:
+        if isinstance(model, torch.nn.Module) and getattr(model, "computes_scored_logits", False):
+            chosen = model(model_ids, model_mask, model_positions, targets).float()  # an FSDP root (ray engine)
+        else:
+            chosen = scored_logits(model, model_ids, model_mask, model_positions, targets, images).float()
+    if temperature >= GREEDY_TEMPERATURE:
+        chosen = chosen / temperature
+    token_ids = model_ids[:, 1:][targets]
+
+    def unpack(values: Any) -> Any:
+        flat = torch.zeros(scored.shape, dtype=torch.float32, device=device)
+        flat[:, 1:][targets] = values
+        if not packed:
+            return flat
+        out = torch.zeros(loss_mask.shape, dtype=torch.float32, device=device)
+        out[real] = flat[0]
+        return out
+
+    logprobs = unpack(chosen.gather(-1, token_ids[:, None]).squeeze(-1) - torch.logsumexp(chosen, -1))
+    entropies = None
+    if entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropies = unpack(entropy_from_logits(chosen))
+    return logprobs, entropies
+
+
+def scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids: Any, targets: Any,
+                   images: dict[str, Any] | None = None) -> Any:
+    """``[N, V]`` logits of the positions that predict the ``targets`` (``[b, l-1]`` bool).
+
+    The vocabulary projection only where a sampled token is scored: prompts and
+    observations are most of a trajectory, and [tokens, vocab] logits are most of the
+    memory (49k x 4 bytes a token for SmolLM2). ``images``: a vision-language model's image
+    inputs, in the order of the image tokens; the body is then the whole multimodal model
+    (vision tower, projector, language model), not just the language decoder."""
+    if images:
+        head = model.get_output_embeddings()
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # through peft
+        hidden = base.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=False, **images).last_hidden_state
+        return head(hidden[:, :-1][targets])
+    decoder, head = _decoder_and_head(model)
+    if decoder is not None:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+        return head(hidden[:, :-1][targets])
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                   use_cache=False).logits
+    return logits[:, :-1][targets]
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """The transformer body and the LM head of a causal LM (also through a peft wrapper);
+    ``(None, None)`` when the model does not expose them the standard way."""
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None, None
+    scale = getattr(getattr(model, "config", None), "logit_scale", None) or getattr(
+        getattr(model, "config", None), "final_logit_softcapping", None)
+    if decoder is None or head is None or scale:  # models that post-process logits take the full path
+        return None, None
+    return decoder, head

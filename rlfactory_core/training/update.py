@@ -1,0 +1,186 @@
+"""The optimizer steps on one rollout batch: ``grpo.epochs`` passes of ``grpo.mini_batches``
+steps, each accumulating gradients over micro-batches (:mod:`.batch`); the loss and its
+statistics from :mod:`.grpo`. The same function runs in one process (the local engine) and
+on every rank of an FSDP2 trainer group (the ray engine, with a :class:`DataParallel`).
+
+It runs on the engine's one dedicated training thread (see
+:class:`rlfactory_core.engines.local.LocalEngine`): never call it from a thread pool that
+changes threads between steps.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import RunConfig
+from .batch import micro_batches, rows_of
+from .logprobs import token_logprobs
+
+__all__ = ["update_policy", "batch_logprobs", "DataParallel"]
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """This process's place in a trainer group (the ray engine): every rank holds the whole
+    batch and takes every ``world``-th micro-batch. FSDP2 runs collectives in each forward
+    and backward, so every rank runs the same number of them: a rank with fewer real
+    micro-batches runs a zero-weight one."""
+
+    rank: int
+    world: int
+
+    def rounds(self, groups: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches (of ``groups``, the whole batch's) as ``(rows, real)``;
+        ``real`` is False for padding."""
+        mine = groups[self.rank::self.world]
+        count = math.ceil(len(groups) / self.world)
+        return [(mine[i], True) if i < len(mine) else (groups[0], False) for i in range(count)]
+
+
+def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool,
+                   dp: DataParallel | None = None) -> Any:
+    """``[B, L]`` logprobs under ``model`` of the sampled tokens of ``rows`` of the batch, without
+    gradient (old and reference logprobs); zeros elsewhere. With ``dp``, every rank computes
+    its share and the result is the whole batch's on every rank."""
+    import torch
+
+    out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
+    groups = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
+    with torch.no_grad():
+        for micro_rows, real in dp.rounds(groups) if dp else [(m, True) for m in groups]:
+            micro = rows_of(batch, micro_rows)
+            logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
+                                          temperature=config.rollout.sampling.temperature)
+            if real:
+                out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
+    if dp:  # each rank filled its rows, zeros elsewhere
+        torch.distributed.all_reduce(out)
+        # FSDP2 keeps per-iteration state that only a backward clears; left over from
+        # forwards without one, it kept the next backward from reducing the root's
+        # gradients (embeddings, final norm: None), so clear it.
+        model.reset_iter_state()
+    return out
+
+
+def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config: RunConfig, *,
+                   step: int = 0, packed: bool = False, dp: DataParallel | None = None) -> dict[str, float]:
+    """The optimizer steps on one rollout batch (a TensorDict, see above); their statistics.
+
+    ``dp``: one rank of an FSDP2 trainer group (the ray engine). The mini-batches and their
+    loss normalisers are the whole batch's, as here; each rank back-propagates its share of
+    the micro-batches and FSDP sums the ranks' gradients (the ray engine sets it to sum, not
+    average), so the gradient, the clipping and the step are the ones a single process
+    computes (tested for parity)."""
+    import torch
+
+    from .grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
+
+    g = config.grpo
+    rows = list(range(batch.batch_size[0]))
+    on_policy = g.epochs * g.mini_batches == 1
+    if not on_policy:
+        batch["old_logprobs"] = batch_logprobs(model, batch, rows, config, packed, dp)
+    if g.kl_coef > 0:
+        if reference is None:  # LoRA: the base model is the adapters switched off
+            with model.disable_adapter():
+                batch["ref_logprobs"] = batch_logprobs(model, batch, rows, config, packed, dp)
+        else:
+            batch["ref_logprobs"] = batch_logprobs(reference, batch, rows, config, packed, dp)
+
+    sums: Counter[str] = Counter()
+    counts: Counter[str] = Counter()
+
+    def record(key: str, value: Any, weight: float = 1.0) -> None:
+        sums[key] += float(value) * weight
+        counts[key] += weight
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
+    ranks = dp.world if dp else 1
+    shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
+    for _epoch in range(g.epochs):
+        order = list(rows)
+        shuffler.shuffle(order)
+        size = math.ceil(len(order) / g.mini_batches)
+        for start in range(0, len(order), size):
+            mini = order[start:start + size]
+            num_tokens = float(batch["loss_mask"][mini].sum())
+            if num_tokens == 0:
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            groups = micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed)
+            for micro_rows, real in dp.rounds(groups) if dp else [(m, True) for m in groups]:
+                micro = rows_of(batch, micro_rows).to(device)
+                mask = micro["loss_mask"]
+                logprobs, entropies = token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,
+                                                      entropy_grad=g.entropy_coef > 0, packed=packed,
+                                                      temperature=config.rollout.sampling.temperature)
+                old = logprobs.detach() if on_policy else micro["old_logprobs"]
+                sampler = micro["sampler_logprobs"]
+                weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
+                per_token, stats = policy_loss(logprobs, old, micro["advantages"], mask, clip_low=g.clip_low,
+                                               clip_high=g.clip_high, weights=weights)
+                if g.kl_coef > 0:
+                    kl = kl_penalty(logprobs, micro["ref_logprobs"], g.kl_estimator)
+                    per_token = per_token + g.kl_coef * kl
+                if g.entropy_coef > 0:
+                    per_token = per_token - g.entropy_coef * entropies
+                loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=len(mini))
+                if not real:  # padding for the collectives: no gradient, no statistics
+                    (loss * 0.0).backward()
+                    continue
+                loss.backward()
+                tokens = float(mask.sum())
+                sums["train/loss"] += float(loss.detach())
+                if g.kl_coef > 0:
+                    record("train/kl", masked_mean(kl.detach(), mask), tokens)
+                record("train/entropy", masked_mean(entropies.detach(), mask), tokens)
+                record("train/clip_fraction", stats["clip_fraction"], tokens)
+                record("train/ratio_mean", stats["ratio_mean"], tokens)
+                sums["train/ratio_max"] = max(sums["train/ratio_max"], float(stats["ratio_max"]))
+                diff = (old - sampler).abs()
+                record("train/sampler_logprob_diff", masked_mean(diff, mask), tokens)
+                record("train/sampler_kl", masked_mean(torch.exp(sampler - old) - (sampler - old) - 1, mask), tokens)
+                if weights is not None:
+                    record("train/tis_weight_mean", masked_mean(weights, mask), tokens)
+                sums["train/trained_tokens"] += tokens
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm or float("inf"))
+            if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the norm over all shards
+                grad_norm = grad_norm.full_tensor()
+            # the same on every rank: counted once when the ranks' statistics are merged
+            sums["train/grad_norm"] += float(grad_norm) / ranks
+            counts["train/grad_norm"] += 1 / ranks
+            optimizer.step()
+            counts["train/loss"] += 1 / ranks
+            sums["train/optimizer_steps"] += 1 / ranks
+    if dp:
+        sums, counts = _merge_rank_statistics(sums, counts)
+    out = {}
+    for key, total in sums.items():
+        if key in ("train/ratio_max", "train/trained_tokens", "train/optimizer_steps"):
+            out[key] = total
+        elif counts[key]:
+            out[key] = total / counts[key]
+    if "train/optimizer_steps" in out:
+        out["train/optimizer_steps"] = round(out["train/optimizer_steps"])
+    out.setdefault("train/kl", 0.0)
+    return out
+
+
+def _merge_rank_statistics(sums: Counter[str], counts: Counter[str]) -> tuple[Counter[str], Counter[str]]:
+    """Every rank's sums and weights added up (``train/ratio_max``: the largest)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (dict(sums), dict(counts)))
+    all_sums: Counter[str] = Counter()
+    all_counts: Counter[str] = Counter()
+    for rank_sums, rank_counts in gathered:
+        for key, value in rank_sums.items():
+            all_sums[key] = max(all_sums[key], value) if key == "train/ratio_max" else all_sums[key] + value
+        all_counts.update(rank_counts)
+    return all_sums, all_counts
