@@ -463,10 +463,11 @@ def _env_defaults(env_name: str) -> dict[str, Any]:
     """The registered env's ``config_defaults``; nothing for an env that is not installed
     (the run reports that itself, with the list of installed envs)."""
     from .errors import RLFactoryError
+    from .interfaces import member
     from .plugins import get_component
 
     try:
-        defaults = getattr(get_component("env", env_name), "config_defaults", None) or {}
+        defaults = member("env", get_component("env", env_name), "config_defaults")
     except RLFactoryError:
         return {}
     return copy.deepcopy(dict(defaults))

@@ -42,7 +42,7 @@ def rlfactory_register_tools(register: Callable[..., None]) -> None:
 
     :param register: call ``register(tool)`` once per tool. ``tool`` is an object with
         ``name``, ``description``, ``parameters`` (a JSON schema) and
-        ``async call(arguments, ctx)`` (see ``rlfactory_core.interfaces.Tool``), or a plain
+        ``async call(arguments, ctx)`` (see ``rlfactory_core.Tool``), or a plain
         function (sync or async) that is wrapped with ``rlfactory_core.function_tool`` (its
         schema comes from the type hints, its description from the docstring). Raises
         ``RegistrationError`` (a ``TypeError``) when the object does not fit or its name
@@ -62,7 +62,7 @@ def rlfactory_register_tool_managers(register: Callable[..., None]) -> None:
 
     :param register: call ``register(cls)`` with a class whose ``name`` and ``description``
         are strings and which has ``async call(calls, ctx) -> list[ToolResult]`` and
-        ``async close()`` (``rlfactory_core.interfaces.ToolManager``). It is instantiated
+        ``async close()`` (``rlfactory_core.ToolManager``). It is instantiated
         as ``cls(tools, **options)``. Raises ``RegistrationError`` or
         ``DuplicateComponentError`` as for tools.
     :return: nothing; the return value is ignored.
@@ -82,7 +82,7 @@ def rlfactory_register_parsers(register: Callable[..., None]) -> None:
         linear in its length: ``rlfactory_core.testing.check_parser_conformance`` checks
         both on an adversarial corpus) and
         ``render_tool_results(results) -> list[Message]``
-        (``rlfactory_core.interfaces.ResponseParser``). Raises ``RegistrationError`` or
+        (``rlfactory_core.ResponseParser``). Raises ``RegistrationError`` or
         ``DuplicateComponentError`` as for tools.
     :return: nothing; the return value is ignored.
 
@@ -98,7 +98,7 @@ def rlfactory_register_envs(register: Callable[..., None]) -> None:
     :param register: call ``register(cls)`` with a class whose ``name`` and
         ``description`` are strings and which has ``async reset(sample) -> EnvReset``,
         ``async step(state, turn, results) -> EnvStep`` and ``async close(state)``
-        (``rlfactory_core.interfaces.Env``). It is instantiated with the env options of
+        (``rlfactory_core.Env``). It is instantiated with the env options of
         the config (options it does not take are config errors, all reported at once; a
         constructor that takes a ``parser`` gets the run's parser name unless the options
         set it, and setting a different one is an error). Raises ``RegistrationError`` or
@@ -117,9 +117,9 @@ def rlfactory_register_rewards(register: Callable[..., None]) -> None:
     :param register: call ``register(cls)`` with a class whose ``name`` and
         ``description`` are strings and which has a method
         ``score(trajectory, sample) -> RewardOutput | float | None``
-        (``rlfactory_core.interfaces.Reward``): ``async def`` or a plain function (run in
+        (``rlfactory_core.Reward``): ``async def`` or a plain function (run in
         a thread); with a third parameter named ``context`` it gets a
-        ``rlfactory_core.rewards.RewardContext`` (the env's per-trajectory state and
+        ``rlfactory_core.RewardContext`` (the env's per-trajectory state and
         ``await context.call_tool(name, arguments)`` through the run's tool manager).
         ``None`` means the reward does not apply to the sample. The class is instantiated
         once per run with the reward's ``options`` from the config; an optional
@@ -156,7 +156,7 @@ def rlfactory_register_commands(app: Any) -> None:
 def rlfactory_on_env_step(trajectory: Any, turn: Any, results: Any, step: Any) -> float | None:
     """Called after every env step of every trajectory (loggers, tracing, process rewards).
 
-    :param trajectory: the ``rlfactory_core.types.Trajectory`` so far, including this turn.
+    :param trajectory: the ``rlfactory_core.Trajectory`` so far, including this turn.
     :param turn: the ``ParsedTurn`` the model just produced.
     :param results: the list of ``ToolResult`` for the turn's tool calls (may be empty).
     :param step: the ``EnvStep`` the env returned for this turn.
@@ -174,7 +174,7 @@ def rlfactory_on_env_step(trajectory: Any, turn: Any, results: Any, step: Any) -
 def rlfactory_on_trajectory_end(trajectory: Any, sample: Any) -> None:
     """Called once per trajectory after it ended and was closed, before rewards are scored.
 
-    :param trajectory: the finished ``rlfactory_core.types.Trajectory`` (its
+    :param trajectory: the finished ``rlfactory_core.Trajectory`` (its
         ``stop_reason`` says why it ended).
     :param sample: the dataset row the trajectory was generated for.
     :return: nothing; the return value is ignored.

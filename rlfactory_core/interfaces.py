@@ -15,14 +15,19 @@ reward         a class                      :class:`Reward` (instantiated with c
 
 Stateless components (tools, parsers) are registered as ready instances; components that
 take options from the config are registered as classes so each run builds its own.
-The Protocols below are the documentation; :func:`check_component` is the enforcement,
-with a message naming exactly what is missing.
+The Protocols below describe the required members; :data:`MEMBERS` lists every member
+the core reads, required and optional, with the optional ones' defaults (PLUGINS.md renders
+it). :func:`check_component` enforces the required ones at registration, with a message
+naming exactly what is missing; the core reads the optional ones only through
+:func:`member` and :func:`accepts`, so their defaults live in one place.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar, Protocol, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from .errors import RegistrationError
 from .types import EnvReset, EnvStep, Message, ParsedTurn, RewardOutput, Sample, ToolCall, ToolResult, Trajectory
@@ -34,6 +39,10 @@ __all__ = [
     "ToolManager",
     "Reward",
     "COMPONENT_KINDS",
+    "Member",
+    "MEMBERS",
+    "member",
+    "accepts",
     "check_component",
 ]
 
@@ -78,7 +87,7 @@ class Env(Protocol):
     async def reset(self, sample: Sample) -> EnvReset:
         """Start an episode for ``sample``: opening messages, tools, private state.
 
-        The tools are :class:`Tool` objects (``rlfactory_core.tools.resolve_tools`` makes
+        The tools are :class:`Tool` objects (``rlfactory_core.resolve_tools`` makes
         them from functions, qwen-agent tools and registered names; do it once, not per
         episode). The parser describes them in the system prompt; the rollout's tool
         manager, shared by all episodes, must hold them, and calls of a tool this episode
@@ -108,7 +117,7 @@ class Reward(Protocol):
     """Scores a finished trajectory (``rlfactory_core.rewards`` runs it).
 
     ``score`` may be ``async def`` or a plain function (run in a thread), and may take a
-    third parameter named ``context`` (a ``rlfactory_core.rewards.RewardContext``: the
+    third parameter named ``context`` (a ``rlfactory_core.RewardContext``: the
     env's state and tools). It returns a number, a ``RewardOutput``, or ``None`` when the
     reward does not apply to the sample. An optional ``close()`` (sync or async) is called
     at the end of the run."""
@@ -120,40 +129,165 @@ class Reward(Protocol):
         """The reward for ``trajectory`` of ``sample``, with named components for logging."""
 
 
-# kind -> (must be a class?, attributes that must be str, methods: name -> must be async)
-_REQUIREMENTS: dict[str, tuple[bool, tuple[str, ...], dict[str, bool]]] = {
-    "tool": (False, ("name", "description"), {"call": True}),
-    "parser": (False, ("name",), {"render_system_prompt": False, "parse": False, "render_tool_results": False}),
-    "env": (True, ("name", "description"), {"reset": True, "step": True, "close": True}),
-    "tool_manager": (True, ("name", "description"), {"call": True, "close": True}),
-    "reward": (True, ("name", "description"), {"score": False}),  # sync rules run in a thread
-}
+@dataclass(frozen=True)
+class Member:
+    """One member of a component that the core (or another plugin) reads.
 
-COMPONENT_KINDS: tuple[str, ...] = tuple(_REQUIREMENTS)
+    ``form`` is ``attribute``, ``method``, ``async method`` or ``parameter`` (a parameter of
+    the method ``of``; ``__init__`` for the constructor). A required member is checked by
+    :func:`check_component` at registration; an optional one is read through
+    :func:`member` or :func:`accepts`, which supply ``default`` when it is absent."""
+
+    kind: str
+    name: str
+    form: str
+    signature: str
+    required: bool
+    doc: str
+    default: Any = None
+    of: str = ""
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+#: Every member of every component kind that is read outside the component itself: the
+#: contract, rendered into PLUGINS.md. Optional members' defaults are defined here and
+#: nowhere else.
+MEMBERS: tuple[Member, ...] = (
+    Member("tool", "name", "attribute", "name: str", True, "the name the model calls it by"),
+    Member("tool", "description", "attribute", "description: str", True, "shown to the model with the schema"),
+    Member("tool", "parameters", "attribute", "parameters: dict", True,
+           "JSON schema (type `object`) of the arguments; the tool manager validates calls against it"),
+    Member("tool", "call", "async method", "async call(arguments: dict, ctx: dict | None = None) -> ToolResult | str",
+           True, "run the tool; raise on failure (the tool manager turns it into an error observation)"),
+    Member("tool", "validate", "method", "validate(arguments: dict) -> None", False,
+           "check the arguments instead of the JSON schema; raise `ToolArgumentsError` with a message for the "
+           "model"),
+    Member("tool", "close", "method", "close() -> None  (or async)", False,
+           "release what the tool holds (a client, a session); called when the tool manager closes"),
+    Member("parser", "name", "attribute", "name: str", True, "the registered name"),
+    Member("parser", "render_system_prompt", "method",
+           "render_system_prompt(system_prompt: str, tools: Sequence[Tool]) -> str", True,
+           "the system prompt with the tools described the way the model family expects"),
+    Member("parser", "parse", "method", "parse(text: str) -> ParsedTurn", True,
+           "one model turn read into content, reasoning, tool calls and parse errors; never raises"),
+    Member("parser", "render_tool_results", "method",
+           "render_tool_results(results: Sequence[ToolResult]) -> list[Message]", True,
+           "the messages that show the model its calls' results"),
+    Member("parser", "format_tool_call", "method", "format_tool_call(call: ToolCall) -> str", False,
+           "a call as the model would write it; envs that show worked examples (few-shot turns) use it and "
+           "refuse a parser without it"),
+    Member("env", "name", "attribute", "name: ClassVar[str]", True, "the registered name (`--env NAME`)"),
+    Member("env", "description", "attribute", "description: ClassVar[str]", True, "shown by `rlf plugins list`"),
+    Member("env", "reset", "async method", "async reset(sample: Sample) -> EnvReset", True,
+           "start an episode: opening messages, the tools offered, private state"),
+    Member("env", "step", "async method",
+           "async step(state, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep", True,
+           "advance after one model turn and its tool results"),
+    Member("env", "close", "async method", "async close(state) -> None", True,
+           "release the episode's resources; always called, also after errors and cancellation"),
+    Member("env", "tools", "attribute", "tools: Sequence[Tool]", False,
+           "every tool an episode may offer; the run's tool manager is built with them (`cls(tools, **options)`)",
+           default=()),
+    Member("env", "dataset", "method", "dataset(size: int | None = None, split: str = 'train') -> Iterable[Sample]",
+           False, "the env's own samples, used when the config names no data file; without it the config must",
+           default=None),
+    Member("env", "split", "parameter", "split: str", False,
+           "the split `dataset` returns; without it the config must give JSONL files (evaluation would otherwise "
+           "run on training samples)", of="dataset"),
+    Member("env", "config_defaults", "attribute", "config_defaults: ClassVar[dict]", False,
+           "a partial run config (rewards, turn lengths ...) applied over the built-in defaults and under the "
+           "user's config", default=_EMPTY),
+    Member("env", "shows_images", "attribute", "shows_images: bool", False,
+           "true when its messages carry images (`Message.images`): a text-only model is refused before the "
+           "first rollout", default=False),
+    Member("env", "build_data", "method",
+           "build_data(out_dir: Path | None, *, force: bool, progress: Callable[[str], None]) -> Path", False,
+           "build the env's data ahead of training (`rlf data build ENV`); a class or static method",
+           default=None),
+    Member("env", "parser", "parameter", "parser: str", False,
+           "when the constructor has this parameter, it receives the run's parser name (an env that writes tool "
+           "calls itself, e.g. worked examples)", of="__init__"),
+    Member("tool_manager", "name", "attribute", "name: ClassVar[str]", True, "the registered name"),
+    Member("tool_manager", "description", "attribute", "description: ClassVar[str]", True,
+           "shown by `rlf plugins list`"),
+    Member("tool_manager", "call", "async method",
+           "async call(calls: Sequence[ToolCall], ctx: dict | None = None) -> list[ToolResult]", True,
+           "run the calls, one result per call in order; never raises"),
+    Member("tool_manager", "close", "async method", "async close() -> None", True,
+           "stop what the manager started (sessions, connections)"),
+    Member("tool_manager", "tools", "attribute", "tools: Mapping[str, Tool]", False,
+           "name -> tool it serves; rewards see the names (`RewardContext.tool_names`)", default=_EMPTY),
+    Member("reward", "name", "attribute", "name: ClassVar[str]", True, "the registered name"),
+    Member("reward", "description", "attribute", "description: ClassVar[str]", True, "shown by `rlf plugins list`"),
+    Member("reward", "score", "method",
+           "score(trajectory: Trajectory, sample: Sample) -> RewardOutput | float | None  (or async)", True,
+           "the reward of a finished trajectory; `None` when it does not apply to the sample"),
+    Member("reward", "context", "parameter", "context: RewardContext", False,
+           "when `score` has this parameter, it receives the env's state and tools (`RewardContext`)", of="score"),
+    Member("reward", "close", "method", "close() -> None  (or async)", False,
+           "release what the reward holds (a judge's client); called at the end of the run", default=None),
+)
+
+_DECLARED: dict[tuple[str, str], Member] = {(m.kind, m.name): m for m in MEMBERS}
+COMPONENT_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for m in MEMBERS))
+# Registered as classes (instantiated with config options) rather than as instances.
+_CLASSES = frozenset({"env", "tool_manager", "reward"})
+
+
+def _declared(kind: str, name: str, forms: tuple[str, ...]) -> Member:
+    declared = _DECLARED.get((kind, name))
+    if declared is None or declared.form not in forms:
+        raise KeyError(f"{kind} member {name!r} ({' or '.join(forms)}) is not declared in "
+                       f"rlfactory_core.interfaces.MEMBERS; declare it there before reading it")
+    return declared
+
+
+def member(kind: str, obj: Any, name: str) -> Any:
+    """``obj``'s member ``name`` of the ``kind`` interface; for an optional member that
+    ``obj`` lacks (or sets to ``None``), its default from :data:`MEMBERS`."""
+    declared = _declared(kind, name, ("attribute", "method", "async method"))
+    value = getattr(obj, name, None)
+    return declared.default if value is None else value
+
+
+def accepts(kind: str, fn: Any, name: str) -> bool:
+    """Whether ``fn`` (a component's method, or its class for a constructor parameter) has
+    the optional parameter ``name`` that :data:`MEMBERS` declares for ``kind``; ``False``
+    when its signature cannot be read."""
+    _declared(kind, name, ("parameter",))
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def check_component(kind: str, obj: Any) -> None:
     """Raise :class:`RegistrationError` naming every way ``obj`` fails the ``kind`` interface."""
-    must_be_class, str_attrs, methods = _REQUIREMENTS[kind]
+    if kind not in COMPONENT_KINDS:
+        raise ValueError(f"unknown component kind {kind!r}; expected one of {', '.join(COMPONENT_KINDS)}")
+    must_be_class = kind in _CLASSES
     label = getattr(obj, "name", None) or getattr(obj, "__name__", None) or type(obj).__name__
     problems: list[str] = []
     if must_be_class and not inspect.isclass(obj):
         problems.append(f"must be a class (it is instantiated with config options), got {type(obj).__name__}")
     if not must_be_class and inspect.isclass(obj):
         problems.append("must be an instance, got a class")
-    for attr in str_attrs:
+    required = [m for m in MEMBERS if m.kind == kind and m.required]
+    for attr in (m.name for m in required if m.form == "attribute"):
         value = getattr(obj, attr, None)
-        if not isinstance(value, str) or (attr == "name" and not value):
+        if attr == "parameters":
+            if not isinstance(value, dict):
+                problems.append("attribute 'parameters' must be a JSON-schema dict")
+        elif not isinstance(value, str) or (attr == "name" and not value):
             problems.append(f"attribute '{attr}' must be a non-empty string" if attr == "name"
                             else f"attribute '{attr}' must be a string")
-    if kind == "tool" and not isinstance(getattr(obj, "parameters", None), dict):
-        problems.append("attribute 'parameters' must be a JSON-schema dict")
-    for method, must_be_async in methods.items():
-        fn = getattr(obj, method, None)
+    for method in (m for m in required if m.form in ("method", "async method")):
+        fn = getattr(obj, method.name, None)
         if fn is None or not callable(fn):
-            problems.append(f"missing method '{method}'")
-        elif must_be_async and not inspect.iscoroutinefunction(fn):
-            problems.append(f"method '{method}' must be 'async def'")
+            problems.append(f"missing method '{method.name}'")
+        elif method.form == "async method" and not inspect.iscoroutinefunction(fn):
+            problems.append(f"method '{method.name}' must be 'async def'")
     if problems:
         raise RegistrationError(
             f"{kind} {label!r} does not satisfy the {kind} interface: " + "; ".join(problems),

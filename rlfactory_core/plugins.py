@@ -3,12 +3,13 @@
 Plugins are found through the ``rlfactory`` entry-point group; the built-ins in
 :mod:`rlfactory_core.default_plugins` are registered on the same manager first. Each
 plugin is imported, registered and called in isolation: one that fails to import, that
-implements an unknown hook, or whose hook raises is recorded as ``broken`` (with the
-reason, shown by ``rlf plugins list``) and logged as a warning, while the others keep
-working. ``RLFACTORY_STRICT_PLUGINS=1`` turns each of these failures, and every name
-conflict, into an exception, for plugin authors and CI. ``RLFACTORY_LOAD_PLUGINS`` is a
-comma-separated allow-list of entry-point or distribution names (set but empty: no
-external plugins at all).
+implements an unknown hook, whose declared plugin API range (its ``rlfactory_api``, see
+:mod:`rlfactory_core.version`) excludes the running API, or whose hook raises is recorded
+as ``broken`` (with the reason, shown by ``rlf plugins list``) and logged as a warning,
+while the others keep working. ``RLFACTORY_STRICT_PLUGINS=1`` turns each of these
+failures, and every name conflict, into an exception, for plugin authors and CI.
+``RLFACTORY_LOAD_PLUGINS`` is a comma-separated allow-list of entry-point or distribution
+names (set but empty: no external plugins at all).
 
 Registries are built on first use: every plugin's registration hooks are called, one
 plugin at a time, with a ``register`` callback bound to that plugin, so every component
@@ -45,6 +46,7 @@ from . import hookspecs
 from .errors import DuplicateComponentError, PluginError, RegistrationError, UnknownComponentError
 from .interfaces import COMPONENT_KINDS, check_component
 from .tools import function_tool
+from .version import __version__, api_version_problem
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -224,8 +226,6 @@ def _forget_registries() -> None:
 
 
 def _load_default_plugins(pm: pluggy.PluginManager) -> None:
-    from . import __version__  # here: the package's __init__ may still be importing us
-
     for plugin_name, module_name in DEFAULT_PLUGINS.items():
         module = importlib.import_module(module_name)
         info = PluginInfo(name=plugin_name, distribution="rlfactory", version=__version__, builtin=True)
@@ -297,6 +297,10 @@ def _describe(plugin_name: str) -> str:
 
 
 def _register(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> None:
+    problem = api_version_problem(plugin)
+    if problem:  # before any hook of it is registered: a plugin for another API would fail mid-run
+        _report(info, problem)
+        return
     other = pm.get_name(plugin) if pm.is_registered(plugin) else None
     if other is not None:
         _report(info, f"is the same module as {_describe(other)}: one package installed under two "

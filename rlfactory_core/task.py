@@ -12,12 +12,12 @@ the ray engine's rollout workers); :meth:`Task.close` releases what the componen
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 from typing import Any
 
 from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
+from .interfaces import accepts, member
 
 __all__ = ["Task", "build_env", "build_task"]
 
@@ -56,7 +56,7 @@ def build_env(config: RunConfig) -> Any:
     problems = env_option_problems(env_cls, config.env, env_options, config.parser)
     if problems:
         raise ConfigError(problems)
-    if "parser" in inspect.signature(env_cls).parameters:
+    if accepts("env", env_cls, "parser"):
         # An env that writes tool calls itself (worked examples) gets the run's parser.
         env_options.setdefault("parser", config.parser)
     try:
@@ -80,7 +80,7 @@ def build_task(config: RunConfig, *, shared_tools: dict[str, Any] | None = None,
     env = build_env(config)
     parser = get_component("parser", config.parser)
     manager_cls = get_component("tool_manager", config.tool_manager.name)
-    tools = list(getattr(env, "tools", []) or [])
+    tools = list(member("env", env, "tools"))
     if shared_tools:
         missing = sorted(set(shared_tools) - {t.name for t in tools})
         if missing:

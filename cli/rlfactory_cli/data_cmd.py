@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from rlfactory_core.errors import RLFactoryError
+from rlfactory_core.interfaces import member
 from rlfactory_core.plugins import get_component
 
 from .console import err, out
@@ -24,7 +25,7 @@ def build(
 ) -> None:
     """Build ENV's dataset (its `build_data` method); training builds it on first use anyway."""
     env_cls = get_component("env", env)
-    builder = getattr(env_cls, "build_data", None)
+    builder = member("env", env_cls, "build_data")
     if builder is None:
         raise RLFactoryError(f"the {env!r} env does not build its own data",
                              hint="it reads the data you give it; see its documentation")

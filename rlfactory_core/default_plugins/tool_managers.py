@@ -15,7 +15,7 @@ from typing import Any, Collection, Mapping, Sequence
 
 from ..errors import ConfigError, DuplicateComponentError, RegistrationError
 from ..hookspecs import hookimpl
-from ..interfaces import check_component
+from ..interfaces import check_component, member
 from ..tools import ToolArgumentsError, TransientToolError, invalid_text, valid_text
 from ..types import ToolCall, ToolResult
 
@@ -192,7 +192,7 @@ class ConcurrentToolManager:
         others are still closed. A shared in-flight call still running ends by itself within
         ``timeout_s`` per attempt."""
         for tool in self.tools.values():
-            close = getattr(tool, "close", None)
+            close = member("tool", tool, "close")
             if not callable(close):
                 continue
             try:
@@ -243,7 +243,7 @@ class ConcurrentToolManager:
         problem = invalid_text(arguments)
         if problem is not None:
             return f"invalid arguments for {tool.name}: {problem}"
-        validate = getattr(tool, "validate", None)
+        validate = member("tool", tool, "validate")
         if callable(validate):
             try:
                 validate(arguments)
@@ -414,7 +414,7 @@ def _check_number(problems: list[str], name: str, value: Any, minimum: float, in
 
 def _schema_validator(tool: Any) -> Any:
     """A compiled jsonschema validator for a tool without its own ``validate()``, or None."""
-    if callable(getattr(tool, "validate", None)):
+    if callable(member("tool", tool, "validate")):
         return None
     import jsonschema  # here: plugin loading imports this module and must stay light
 

@@ -279,7 +279,7 @@ def _save_model(config: dict[str, Any], state_dict: dict[str, Any], generation_c
 def _write_manifest(name: str, dest: Path, source: Path, version: str) -> None:
     spec = EMBEDDED_MODELS[name]
     files = {p.name: p.stat().st_size for p in sorted(dest.iterdir()) if p.is_file()}
-    from .. import __version__
+    from ..version import __version__
 
     manifest = {
         "format": MANIFEST_FORMAT,

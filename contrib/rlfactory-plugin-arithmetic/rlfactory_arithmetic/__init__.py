@@ -15,6 +15,9 @@ from rlfactory_core import hookimpl
 from .env import NO_TOOLS_PROMPT, SYSTEM_PROMPT, ArithmeticEnv
 from .reward import ArithmeticVerifiedReward
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = ["ArithmeticEnv", "ArithmeticVerifiedReward", "SYSTEM_PROMPT", "NO_TOOLS_PROMPT",
            "rlfactory_register_envs", "rlfactory_register_rewards"]
 

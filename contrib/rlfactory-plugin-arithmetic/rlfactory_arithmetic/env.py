@@ -14,8 +14,7 @@ import random
 import re
 from typing import Any, Sequence
 
-from rlfactory_core.plugins import get_component
-from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
+from rlfactory_core import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult, get_component
 
 SYSTEM_PROMPT = "You are a helpful assistant. Always call the calculator tool first, then answer."
 NO_TOOLS_PROMPT = "You are a helpful assistant. Answer with the number only."

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rlfactory_core.types import RewardOutput, Sample, Trajectory
+from rlfactory_core import RewardOutput, Sample, Trajectory
 
 __all__ = ["ArithmeticVerifiedReward"]
 

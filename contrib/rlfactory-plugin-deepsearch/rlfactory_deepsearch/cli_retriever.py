@@ -30,7 +30,7 @@ def retriever_group() -> None:
 
 def default_cache_dir() -> Path:
     """Where indexes and embeddings are cached: ``$RLFACTORY_HOME/deepsearch/retrieval``."""
-    from rlfactory_core.models import rlfactory_home
+    from rlfactory_core import rlfactory_home
 
     return rlfactory_home() / "deepsearch" / "retrieval"
 

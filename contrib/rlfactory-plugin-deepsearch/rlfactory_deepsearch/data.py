@@ -46,10 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from rlfactory_core.datasets import build_directory
-from rlfactory_core.default_plugins.rewards import normalize_answer
-from rlfactory_core.errors import RLFactoryError
-from rlfactory_core.models import rlfactory_home
+from rlfactory_core import RLFactoryError, build_directory, normalize_answer, rlfactory_home
 
 from .search_r1_format import split_title
 

@@ -31,11 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.plugins import get_component
-from rlfactory_core.text import last_tag_content
-from rlfactory_core.tools import ToolArgumentsError
-from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
+from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolArgumentsError,
+                            ToolCall, ToolResult, get_component, last_tag_content)
 
 __all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages"]
 
@@ -343,7 +340,7 @@ def _read_samples(path: Path) -> list[dict[str, Any]]:
         from .search_r1_format import load_search_r1_parquet
 
         return load_search_r1_parquet(path)
-    from rlfactory_core.data import read_jsonl_samples
+    from rlfactory_core import read_jsonl_samples
 
     samples = read_jsonl_samples(path, path.stem)
     for number, row in enumerate(samples, 1):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from rlfactory_core.types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
+from rlfactory_core import Message, ParsedTurn, ParseError, ToolCall, ToolResult
 
 __all__ = ["SearchR1Parser"]
 

@@ -43,8 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, Union, runtime_checkable
 from urllib.parse import urlsplit
 
-from rlfactory_core.errors import ConfigError, RLFactoryError, one_line
-from rlfactory_core.tools import TransientToolError
+from rlfactory_core import ConfigError, RLFactoryError, TransientToolError, one_line
 
 __all__ = [
     "Document",

@@ -26,8 +26,7 @@ and a call of an unknown tool or with invalid arguments is invalid.
 
 from __future__ import annotations
 
-from rlfactory_core.default_plugins.rewards import FormatReward, same_answer, gold_answers
-from rlfactory_core.types import RewardOutput, Sample, Trajectory
+from rlfactory_core import FormatReward, RewardOutput, Sample, Trajectory, gold_answers, same_answer
 
 __all__ = ["SearchR1Reward"]
 

@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core import RLFactoryError
 
 __all__ = [
     "SEARCH_R1_PREFIX",

@@ -39,7 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from rlfactory_core.errors import ConfigError, RLFactoryError, one_line
+from rlfactory_core import ConfigError, RLFactoryError, one_line
 
 from .retrieval import QueryBatcher, Retriever
 

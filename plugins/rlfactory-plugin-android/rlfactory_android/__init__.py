@@ -22,6 +22,9 @@ from .simulated import SimulatedPhone
 from .tasks import Task, load_tasks
 from .ui import Screen, UIElement, parse_ui, render_screen
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = [
     "AndroidEnv",
     "AndroidTaskReward",

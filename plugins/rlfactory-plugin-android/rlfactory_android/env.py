@@ -41,10 +41,9 @@ import asyncio
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core.errors import ConfigError, RLFactoryError
-from rlfactory_core.plugins import get_component
-from rlfactory_core.tools import ToolArgumentsError, run_in_tool_thread
-from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
+from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, RLFactoryError, Sample,
+                            ToolArgumentsError, ToolCall, ToolResult, get_component, member,
+                            run_in_tool_thread)
 
 from .device import KEYS, Check, Device, DeviceError, StartState
 from .simulated import APPS as SIMULATED_APPS
@@ -411,7 +410,7 @@ class AndroidEnv:
             except RLFactoryError as exc:
                 problems.append(f"env_options.parser: {exc}")
             else:
-                if not callable(getattr(self.parser, "format_tool_call", None)):
+                if not callable(member("parser", self.parser, "format_tool_call")):
                     problems.append(f"env_options.few_shot: the {parser!r} parser cannot write the example's tool "
                                     "calls (it has no format_tool_call); set few_shot: false")
         if self.few_shot and not set(SIMULATED_APPS) <= set(self.apps):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlfactory_core.types import RewardOutput
+from rlfactory_core import RewardOutput
 
 __all__ = ["AndroidTaskReward"]
 

@@ -15,6 +15,9 @@ from .client import MCPServerError, MCPTool, MCPToolset, ServerOptions, load_mcp
 from .config import ServerSpec, load_mcp_config, parse_mcp_config
 from .env import MCPEnv
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = ["MCPEnv", "MCPServerError", "MCPTool", "MCPToolset", "ServerOptions", "ServerSpec", "load_mcp_config",
            "load_mcp_tools", "parse_mcp_config", "result_text", "rlfactory_register_envs"]
 

@@ -49,9 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rlfactory_core.errors import ConfigError, RLFactoryError, one_line
-from rlfactory_core.tools import ToolArgumentsError
-from rlfactory_core.types import ToolResult
+from rlfactory_core import ConfigError, RLFactoryError, ToolArgumentsError, ToolResult, one_line
 
 from .config import ServerSpec, load_mcp_config
 from .failures import (SPAWN_ERRORS, cause_in_words, is_connection_closed, leaves, offending_input,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from rlfactory_core.errors import ConfigError
+from rlfactory_core import ConfigError
 
 __all__ = ["ServerSpec", "load_mcp_config", "parse_mcp_config"]
 

@@ -21,9 +21,8 @@ import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.text import last_tag_content
-from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
+from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult,
+                            last_tag_content)
 
 from .client import MCPToolset, ServerOptions, load_mcp_tools
 
@@ -153,7 +152,7 @@ class MCPEnv:
 
 
 def _read_tasks(path: Path) -> list[dict[str, Any]]:
-    from rlfactory_core.data import read_jsonl_samples
+    from rlfactory_core import read_jsonl_samples
 
     rows = read_jsonl_samples(path, path.stem)
     problems = []

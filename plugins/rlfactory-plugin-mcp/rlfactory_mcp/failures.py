@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 
-from rlfactory_core.errors import one_line
+from rlfactory_core import one_line
 
 from .config import ServerSpec
 

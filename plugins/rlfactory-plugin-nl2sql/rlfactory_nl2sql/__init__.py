@@ -22,6 +22,9 @@ from .reward import SQLExecutionReward
 from .sandbox import QueryLimits, QueryResult, run_query
 from .sqltext import QueryError, extract_sql, orders_rows
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = [
     "NL2SQLEnv",
     "SQLExecutionReward",

@@ -45,9 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from rlfactory_core.datasets import build_directory
-from rlfactory_core.errors import RLFactoryError
-from rlfactory_core.models import rlfactory_home
+from rlfactory_core import RLFactoryError, build_directory, rlfactory_home
 
 from .sandbox import QueryLimits, read_schema, run_query
 from .sqltext import QueryError, normalise_sql, sql_string

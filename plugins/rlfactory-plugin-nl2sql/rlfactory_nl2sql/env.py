@@ -33,10 +33,8 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core.errors import ConfigError, RLFactoryError
-from rlfactory_core.plugins import get_component
-from rlfactory_core.tools import ToolArgumentsError, run_in_tool_thread
-from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolCall, ToolResult
+from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, RLFactoryError, Sample,
+                            ToolArgumentsError, ToolCall, ToolResult, get_component, run_in_tool_thread)
 
 from . import data as builtin_data
 from .formats import database_dirs_for, database_path, known_databases, load_bird, load_spider

@@ -38,7 +38,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from rlfactory_core.errors import ConfigError
+from rlfactory_core import ConfigError
 
 __all__ = [
     "FORMATS",

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core import RLFactoryError
 
 from . import sqlworker
 from .dbfile import database_uri

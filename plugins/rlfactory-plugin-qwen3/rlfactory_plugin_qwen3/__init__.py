@@ -11,6 +11,9 @@ from rlfactory_core import hookimpl
 
 from .parser import TOOLS_FOOTER, TOOLS_HEADER, Qwen3Parser, format_tool_call, format_tools_section
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = [
     "Qwen3Parser",
     "format_tool_call",

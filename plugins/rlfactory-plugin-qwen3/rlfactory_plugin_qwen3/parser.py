@@ -45,7 +45,7 @@ import math
 import re
 from typing import Any, Literal, Sequence
 
-from rlfactory_core.types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
+from rlfactory_core import Message, ParsedTurn, ParseError, ToolCall, ToolResult
 
 __all__ = [
     "Qwen3Parser",

@@ -21,6 +21,9 @@ from .clients import JudgeBackendError, JudgeReply, LocalJudgeClient, OpenAIJudg
 from .reward import BACKENDS, DEFAULT_PROMPT_TEMPLATE, FEW_SHOT_YES_NO_TEMPLATE, Judgement, QwQJudgeReward
 from .verdict import JudgeOutputError, parse_verdict
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = [
     "QwQJudgeReward",
     "Judgement",

@@ -13,8 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from rlfactory_core.errors import RLFactoryError, one_line
-from rlfactory_core.rollout import SamplingParams
+from rlfactory_core import RLFactoryError, SamplingParams, one_line
 
 from .verdict import snippet
 
@@ -122,8 +121,7 @@ class LocalJudgeClient:
         return self._backend, self._chat
 
     def _build(self) -> tuple[Any, Any]:
-        from rlfactory_core.models import load_tokenizer, resolve_model
-        from rlfactory_core.rollout import ChatTemplate, make_backend
+        from rlfactory_core import ChatTemplate, load_tokenizer, make_backend, resolve_model
 
         path = resolve_model(self.model)
         tokenizer = load_tokenizer(path)

@@ -21,9 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.rollout import SamplingParams
-from rlfactory_core.types import RewardOutput, Sample, Trajectory
+from rlfactory_core import ConfigError, RewardOutput, Sample, SamplingParams, Trajectory
 
 from .clients import JudgeBackendError, JudgeReply, LocalJudgeClient, OpenAIJudgeClient
 from .verdict import JudgeOutputError, parse_verdict, strip_reasoning

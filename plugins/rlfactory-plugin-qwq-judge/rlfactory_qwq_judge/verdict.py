@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core import RLFactoryError
 
 __all__ = ["JudgeOutputError", "parse_verdict", "strip_reasoning"]
 

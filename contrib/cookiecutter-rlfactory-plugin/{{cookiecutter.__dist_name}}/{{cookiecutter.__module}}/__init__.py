@@ -25,6 +25,9 @@ from .rewards import LengthReward
 from .tools import {{ slug }}_word_count
 {% endif %}
 
+#: the plugin API versions this plugin works with (checked when rlfactory loads it)
+rlfactory_api = ">=1.0,<2"
+
 __all__ = [
 {% if "env" in kinds %}
     "WordCountEnv",

@@ -20,8 +20,7 @@ import random
 import zlib
 from typing import Any, Sequence
 
-from rlfactory_core import function_tool
-from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult
+from rlfactory_core import EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolResult, function_tool
 
 from .tools import {{ cookiecutter.__slug }}_word_count
 

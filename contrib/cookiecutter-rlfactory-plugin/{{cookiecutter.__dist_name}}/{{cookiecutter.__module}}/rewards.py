@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlfactory_core.types import RewardOutput, Sample, Trajectory
+from rlfactory_core import RewardOutput, Sample, Trajectory
 
 __all__ = ["LengthReward"]
 
