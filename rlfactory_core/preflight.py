@@ -34,6 +34,7 @@ from typing import Any, Literal, Mapping, Sequence
 
 from .config import CONFIG_HINT, RunConfig, merge_dicts, merge_layers, validate_config
 from .errors import ConfigError, RLFactoryError, UnknownComponentError
+from .interfaces import accepts, member
 
 __all__ = ["preflight", "checked_config", "run_problems", "raise_problems", "env_option_problems",
            "model_problem", "resolve_eval_model"]
@@ -218,8 +219,7 @@ def env_option_problems(env_cls: Any, env_name: str, options: Mapping[str, Any],
     differs from the run's (an env that writes tool calls itself, in worked examples, must
     write them the way the run's parser reads them)."""
     problems = _option_problems(env_cls, options, "env_options", f"the {env_name!r} env")
-    parameters = _parameters(env_cls) or []
-    if parser is not None and any(p.name == "parser" for p in parameters):
+    if parser is not None and accepts("env", env_cls, "parser"):
         chosen = options.get("parser", parser)
         if chosen != parser:
             problems.append(f"env_options.parser is {chosen!r} but the run's parser is {parser!r}: the env would "
@@ -239,10 +239,10 @@ def _data_problems(env_cls: Any, env_name: str, data: Mapping[str, Any], splits:
                 problems.append(f"{key}: no file at {path}")
             continue
         # Only a dataset the class defines is checked: one set per instance is seen when the task is built.
-        dataset = getattr(env_cls, "dataset", None) if env_cls is not None else None
-        if dataset is not None:
-            parameters = _parameters(dataset)
-            if parameters is not None and not any(p.name == "split" for p in parameters):
+        dataset = member("env", env_cls, "dataset") if env_cls is not None else None
+        # A signature that cannot be read (a C extension) is given the benefit of the doubt.
+        if dataset is not None and _parameters(dataset) is not None:
+            if not accepts("env", dataset, "split"):
                 # Without splits, evaluation would run on training samples: refuse rather than guess.
                 problems.append(f"data.eval_file: the {env_name!r} env's dataset() has no split; give JSONL files "
                                 "(data.train_file, data.eval_file)")

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .errors import ConfigError, RLFactoryError, one_line
+from .interfaces import accepts, member
 from .tools import DaemonThreadPool
 from .types import RewardOutput, Sample, ToolCall, ToolResult, Trajectory
 
@@ -188,7 +189,7 @@ class RewardLayer:
         kwargs = {}
         if scorer.wants_context:
             kwargs["context"] = RewardContext(
-                state=trajectory.env_state, tool_names=frozenset(getattr(self._tool_manager, "tools", {}) or {}),
+                state=trajectory.env_state, tool_names=frozenset(member("tool_manager", self._tool_manager, "tools")),
                 _tool_manager=self._tool_manager, _sample=sample, _trajectory=trajectory)
         async with scorer.limit:
             if scorer.is_async:
@@ -219,7 +220,7 @@ class RewardLayer:
             if scorer.threads is not None:
                 scorer.threads.shutdown(wait=False, cancel_futures=True)
                 scorer.threads = None
-            close = getattr(scorer.reward, "close", None)
+            close = member("reward", scorer.reward, "close")
             if close is None:
                 continue
             try:
@@ -295,10 +296,7 @@ def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None, *, make_r
         except Exception as exc:  # noqa: BLE001 - any constructor failure is a config problem here
             problems.append(f"rewards[{i}] ({spec.name}): its options were refused: {one_line(exc)}")
             continue
-        try:
-            wants_context = "context" in inspect.signature(reward.score).parameters
-        except (TypeError, ValueError):
-            wants_context = False
+        wants_context = accepts("reward", reward.score, "context")
         scorers.append(_Scorer(name=spec.name, weight=spec.weight, reward=reward, timeout_s=spec.timeout_s,
                                fallback=spec.fallback, max_concurrency=spec.max_concurrency,
                                limit=asyncio.Semaphore(spec.max_concurrency),

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from rlfactory_core import hookimpl, plugins
+from rlfactory_core import PLUGIN_API_VERSION, hookimpl, plugins
 from rlfactory_core.errors import DuplicateComponentError, PluginError, RegistrationError, UnknownComponentError
 from rlfactory_core.testing import registered_plugin
 from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, RewardOutput, ToolCall, ToolResult, Trajectory
@@ -325,6 +325,53 @@ def test_load_plugins_env_limits_which_plugins_load(good_plugin, monkeypatch):
     monkeypatch.setenv(plugins.LOAD_ENV, "rlfactory-plugin-good")  # distribution names work too
     plugins.reset_plugins()
     assert "shout" in plugins.components("tool")
+
+
+def _plugin_declaring(api_range: str) -> str:
+    return f"rlfactory_api = {api_range!r}\n" + GOOD_PLUGIN.replace("shout", "whisper")
+
+
+@pytest.mark.parametrize(("api_range", "fix"), [(">=99", "upgrade rlfactory"), ("<1.0", "upgrade the plugin")])
+def test_a_plugin_for_another_plugin_api_is_reported_and_others_work(tmp_path, monkeypatch, good_plugin, rlf,
+                                                                      api_range, fix):
+    install_fake_distribution(monkeypatch, tmp_path, "rlfactory-plugin-future", "future", "rlf_test_future",
+                              _plugin_declaring(api_range))
+    code, out, err = rlf("plugins", "list", "--json")
+    assert code == 0
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows["future"]["status"] == "broken" and rows["future"]["hooks"] == []
+    [problem] = rows["future"]["problems"]
+    assert problem.startswith(f"needs plugin API {api_range!r} but rlfactory ")
+    assert f"provides plugin API {PLUGIN_API_VERSION}: {fix}" in problem
+    assert "plugin 'future' is broken" in err  # the warning names the plugin
+    assert rows["good"]["status"] == "ok" and "shout" in plugins.components("tool")
+    assert "whisper" not in plugins.components("tool")
+
+    monkeypatch.setenv(plugins.STRICT_ENV, "1")
+    plugins.reset_plugins()
+    with pytest.raises(PluginError, match=r"plugin 'future': needs plugin API"):
+        plugins.get_plugin_manager()
+
+
+def test_a_plugin_whose_range_admits_the_running_api_loads(tmp_path, monkeypatch, plugin_manager):
+    install_fake_distribution(monkeypatch, tmp_path, "rlfactory-plugin-current", "current", "rlf_test_current",
+                              _plugin_declaring(f">={PLUGIN_API_VERSION},<{int(PLUGIN_API_VERSION.split('.')[0]) + 1}"))
+    plugins.reset_plugins()
+    assert {i.name: i for i in plugins.plugin_infos()}["current"].status == "ok"
+    assert plugins.components("tool")["whisper"].plugin == "current"
+
+
+def test_a_plugin_added_at_run_time_is_held_to_its_declared_range(plugin_manager):
+    class Future:
+        rlfactory_api = ">=2"
+
+        @hookimpl
+        def rlfactory_register_tools(self, register):
+            register(lambda: None)
+
+    info = plugins.add_plugin(Future(), name="future-object")
+    assert info.status == "broken" and "needs plugin API '>=2'" in info.problems[0]
+    assert not plugin_manager.has_plugin("future-object")
 
 
 def test_unknown_hooks_and_wrappers_are_reported(plugin_manager):
