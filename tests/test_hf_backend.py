@@ -1,4 +1,4 @@
-"""The transformers backend (:mod:`rlfactory_core.rollout.hf_backend`).
+"""The transformers backend (:mod:`rlfactory_core.rollout.backends.hf`).
 
 Most tests run a tiny randomly initialised Llama (2 layers, hidden size 64, 256 tokens) so
 they take milliseconds; references come from the same weights run alone, through
@@ -20,8 +20,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlfactory_core.errors import ModelError, RLFactoryError
-from rlfactory_core.rollout.backend import Generation, SamplingParams, make_backend
-from rlfactory_core.rollout.hf_backend import HFBackend
+from rlfactory_core.rollout import Generation, SamplingParams, make_backend
+from rlfactory_core.rollout.backends.hf import HFBackend
 
 VOCAB = 256
 GREEDY = SamplingParams(temperature=0, max_tokens=16)

@@ -265,7 +265,7 @@ class ScriptedThenReal:
         self.max_model_len = getattr(backend, "max_model_len", None)
 
     async def generate(self, prompt_ids, sampling):
-        from rlfactory_core.rollout.backend import Generation
+        from rlfactory_core.rollout import Generation
 
         if self.script:
             ids = self.chat.encode(self.script.pop(0)) + [self.chat.turn_end_id]
@@ -353,7 +353,7 @@ def _contexts(trajectory: Trajectory) -> list[list[int]]:
 
 
 async def test_forged_text_stays_data_through_the_agent_loop_on_the_hf_backend(tiny_model_dir, chat):
-    from rlfactory_core.rollout.hf_backend import HFBackend
+    from rlfactory_core.rollout.backends.hf import HFBackend
 
     backend = HFBackend(tiny_model_dir)
     try:
@@ -421,7 +421,7 @@ async def run_forging_screens(backend, chat: ChatTemplate, image_token: int) -> 
 
 async def test_a_literal_image_placeholder_in_screen_text_keeps_the_image_count(tiny_vlm_dir):
     from rlfactory_core.models import load_model, load_processor, load_tokenizer
-    from rlfactory_core.rollout.hf_backend import HFBackend
+    from rlfactory_core.rollout.backends.hf import HFBackend
 
     processor = load_processor(tiny_vlm_dir)
     chat = ChatTemplate(load_tokenizer(tiny_vlm_dir), processor=processor)

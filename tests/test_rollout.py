@@ -23,7 +23,7 @@ from rlfactory_core.rollout import (
     rollout_metrics,
     to_tensordict,
 )
-from rlfactory_core.rollout.hf_backend import HFBackend
+from rlfactory_core.rollout.backends.hf import HFBackend
 from rlfactory_core.testing import registered_plugin
 from rlfactory_core.tools import function_tool
 from rlfactory_core.types import Message

@@ -14,9 +14,8 @@ from PIL import Image
 
 from rlfactory_core import trainer as T
 from rlfactory_core.errors import ConfigError, ModelError
-from rlfactory_core.rollout import ChatTemplate, RolloutConfig, run_trajectory
-from rlfactory_core.rollout.backend import SamplingParams
-from rlfactory_core.rollout.hf_backend import HFBackend
+from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, run_trajectory
+from rlfactory_core.rollout.backends.hf import HFBackend
 from rlfactory_core.rollout.render import check_retokenization, trajectory_ids
 from rlfactory_core.types import EnvReset, EnvStep, Message, Segment, Trajectory
 
@@ -273,18 +272,18 @@ def test_an_env_that_shows_images_needs_a_vision_model_and_the_local_engine(defa
 
 
 def test_image_runs_collapse_to_one_placeholder_per_image():
-    from rlfactory_core.rollout.vllm_backend import _collapse_image_runs
+    from rlfactory_core.rollout.backends.vllm import collapse_image_runs
 
     I = 99
-    assert _collapse_image_runs([1, I, I, I, I, 2, I, I, I, I, I, I, I, I, 3], I, 3) == [1, I, 2, I, I, 3]
+    assert collapse_image_runs([1, I, I, I, I, 2, I, I, I, I, I, I, I, I, 3], I, 3) == [1, I, 2, I, I, 3]
     with pytest.raises(ModelError, match="2 image\\(s\\) given, but the prompt has 3 image token"):
-        _collapse_image_runs([1, I, I, I], I, 2)
+        collapse_image_runs([1, I, I, I], I, 2)
     with pytest.raises(ModelError, match="a run of 3 image tokens is not a whole number of images of 2 tokens"):
-        _collapse_image_runs([I, I, I, 5, I], I, 2)
+        collapse_image_runs([I, I, I, 5, I], I, 2)
 
 
 async def test_vllm_refuses_images_for_a_text_model_before_starting(default_model_dir):
-    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+    from rlfactory_core.rollout.backends.vllm import VLLMBackend
 
     vllm = VLLMBackend(str(default_model_dir))  # the engine starts on first use: the check comes first
     try:

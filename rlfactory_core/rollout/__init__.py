@@ -3,8 +3,9 @@
 - :mod:`.agent_loop`: one asyncio task per trajectory (``rollout``, ``run_trajectory``,
   ``RolloutConfig``, ``rollout_metrics``)
 - :mod:`.render`: chat-template deltas for observations, the re-tokenization checker
-- :mod:`.backend`: the generation backend interface and ``make_backend`` (``auto``,
-  ``hf``, ``vllm``); implementations in :mod:`.hf_backend` and :mod:`.vllm_backend`
+- :mod:`.backends`: generation backends: the interface (:mod:`.backends.base`), the
+  implementations (:mod:`.backends.hf`, :mod:`.backends.vllm`) and ``make_backend``
+  (``auto``, ``hf``, ``vllm``)
 - :mod:`.tensors`: trajectories to padded or packed tensors
 
 Importing this package does not import torch, transformers or vLLM; the backends and
@@ -12,7 +13,8 @@ Importing this package does not import torch, transformers or vLLM; the backends
 """
 
 from .agent_loop import STOP_REASONS, RolloutConfig, SamplingConfig, rollout, rollout_metrics, run_trajectory
-from .backend import BACKEND_NAMES, GREEDY_TEMPERATURE, Backend, Generation, SamplingParams, make_backend
+from .backends import (BACKEND_NAMES, GREEDY_TEMPERATURE, Backend, Generation, SamplingParams, make_backend,
+                       vllm_available)
 from .render import ChatTemplate, RetokenizationReport, check_retokenization
 from .tensors import to_tensordict
 
@@ -27,6 +29,7 @@ __all__ = [
     "Generation",
     "SamplingParams",
     "make_backend",
+    "vllm_available",
     "BACKEND_NAMES",
     "GREEDY_TEMPERATURE",
     "ChatTemplate",

@@ -42,7 +42,7 @@ import pydantic
 from ..errors import one_line
 from ..plugins import notify
 from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, Trajectory
-from .backend import Backend, SamplingParams
+from .backends.base import Backend, SamplingParams
 from .render import ChatTemplate
 
 __all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_metrics", "STOP_REASONS"]

@@ -267,7 +267,7 @@ class ScriptedBackend:
         self.tokenizer, self.script = tokenizer, script
 
     async def generate(self, prompt_ids, sampling):
-        from rlfactory_core.rollout.backend import Generation
+        from rlfactory_core import Generation
 
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
         question = re.findall(r"Question: (.*)", prompt)[-1].strip()

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from rlfactory_core.rollout.backend import vllm_available
+from rlfactory_core.testing import vllm_available
 from rlfactory_qwq_judge import FEW_SHOT_YES_NO_TEMPLATE, JudgeBackendError, JudgeOutputError, QwQJudgeReward
 
 CASES = [

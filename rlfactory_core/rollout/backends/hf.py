@@ -1,5 +1,9 @@
 """The transformers backend: continuous batching on a plain Hugging Face causal LM.
 
+This module is the front (the async API, request checks, weight checks) and the worker
+thread's scheduling (admission, weight updates, failures, shutdown); the model side (the
+running batch, prefill, decode, sampling) is :mod:`.hf_runner`.
+
 Every trajectory of a rollout awaits :meth:`HFBackend.generate` from its own asyncio task.
 The requests are served by one **worker thread** that owns the model; torch releases the
 GIL while it computes, so the event loop stays free to run tools and parse turns while a
@@ -38,7 +42,7 @@ Images
 ------
 A vision-language model (LLaVA-style: ``pixel_values`` in, image tokens in the prompt
 replaced by the image features) takes ``generate(..., images=[...])``: the images behind
-the prompt's image tokens, in order (:mod:`.render` expands each image's placeholder to its
+the prompt's image tokens, in order (:mod:`~rlfactory_core.rollout.render` expands each image's placeholder to its
 tokens). The backend runs them through the model's image processor; a prefill passes the
 admitted rows' images concatenated in row order, which is the order of their image tokens
 in the batch. Decode steps need none: the features are in the cache.
@@ -49,7 +53,7 @@ Per row, in float32: temperature (``< 1e-5`` is greedy, vLLM's threshold; greedy
 argmax of the raw logits, as ``model.generate(do_sample=False)``), then top-k, then top-p
 (both as in vLLM and transformers), then a draw from a per-request ``torch.Generator``
 when ``seed`` is set (so a seeded request does not depend on what else runs) or from the
-backend's own generator otherwise. Logprobs follow :mod:`.backend`: ``log_softmax`` of the
+backend's own generator otherwise. Logprobs follow :mod:`.base`: ``log_softmax`` of the
 temperature-scaled, top-k/top-p-masked logits; the raw ``log_softmax`` when greedy.
 
 Errors, weights, shutdown
@@ -69,7 +73,7 @@ changes nothing), then stops admitting, lets the active rows finish, copies the 
 and resumes; requests queued meanwhile run on the new weights.
 
 :meth:`HFBackend.close` is idempotent. Requests still queued or running when it is called
-**return** a :class:`~.backend.Generation` with ``finish_reason="abort"`` (with the tokens
+**return** a :class:`~.base.Generation` with ``finish_reason="abort"`` (with the tokens
 produced so far, if any) rather than raising, so an agent loop can treat shutdown like any
 other ended turn; a weight update still waiting fails with
 :class:`~rlfactory_core.errors.RLFactoryError`, and so do calls made after ``close``.
@@ -83,56 +87,19 @@ import logging
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from ..errors import ModelError, RLFactoryError, one_line
-from .backend import GREEDY_TEMPERATURE, Generation, SamplingParams
+from ...errors import ModelError, RLFactoryError, one_line
+from .base import Generation, SamplingParams
+from .hf_runner import Batch, BatchRunner, PrefillForwardError, Request, answer
 
 __all__ = ["HFBackend"]
 
 log = logging.getLogger("rlfactory.rollout.hf")
-
-
-
-# --------------------------------------------------------------------------- worker state
-
-
-@dataclass(eq=False)
-class _Request:
-    """One ``generate`` call: what to do, where to answer, and what it produced so far."""
-
-    prompt: list[int]
-    sampling: SamplingParams
-    stop_ids: frozenset[int]
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    generator: torch.Generator | None = None
-    image_inputs: dict[str, torch.Tensor] | None = None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-
-    def abandoned(self) -> bool:
-        # Read from the worker thread: a benign race, at worst the row runs one more step.
-        return self.future.cancelled()
-
-    def append(self, token: int, logprob: float) -> bool:
-        """Record one sampled token; whether the request is finished."""
-        self.token_ids.append(token)
-        self.logprobs.append(logprob)
-        return token in self.stop_ids or len(self.token_ids) >= self.sampling.max_tokens
-
-    def generation(self, aborted: bool = False) -> Generation:
-        if aborted:
-            reason = "abort"
-        elif self.token_ids and self.token_ids[-1] in self.stop_ids:
-            reason = "stop"
-        else:
-            reason = "length"
-        return Generation(token_ids=list(self.token_ids), logprobs=list(self.logprobs), finish_reason=reason)
 
 
 @dataclass(eq=False)
@@ -140,38 +107,6 @@ class _WeightUpdate:
     targets: list[tuple[torch.Tensor, torch.Tensor]]  # (model parameter/buffer, new value)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
-
-
-@dataclass(eq=False)
-class _Batch:
-    """Rows decoding together: one cache, left-padded to ``width`` columns."""
-
-    rows: list[_Request]
-    cache: DynamicCache
-    seen: torch.Tensor  # (rows,) long: real tokens in the cache per row; the rest is padding
-    width: int  # cache columns
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
-def _settle(future: asyncio.Future, result: Any = None, error: BaseException | None = None) -> None:
-    """Complete ``future`` unless its awaiting task gave up on it (runs on its loop)."""
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-def _answer(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None,
-            error: BaseException | None = None) -> None:
-    """Hand a result or an error to a coroutine waiting on another thread's event loop."""
-    try:
-        loop.call_soon_threadsafe(_settle, future, result, error)
-    except RuntimeError:  # its event loop is closed: nobody is waiting any more
-        pass
 
 
 def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -182,106 +117,6 @@ def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
             continue
         ids.update([value] if isinstance(value, int) else [int(v) for v in value])
     return frozenset(ids)
-
-
-def _left_pad_columns(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    missing = width - tensor.shape[dim]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[dim] = missing
-    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
-
-
-def _cache_from(layers: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    # ``ddp_cache_data`` is DynamicCache's constructor from per-layer (keys, values); without
-    # a config every layer is a plain full-attention DynamicLayer (see the module docstring).
-    return DynamicCache(ddp_cache_data=list(layers))
-
-
-class _PrefillForwardError(Exception):
-    """A prefill's model call failed (the cause is chained); nothing was sampled."""
-
-
-def _concat_image_inputs(parts: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor] | None:
-    """The rows' image inputs as one batch, in row order (the order of their image tokens)."""
-    present = [p for p in parts if p]
-    if not present:
-        return None
-    return {key: torch.cat([p[key] for p in present]) for key in present[0]}
-
-
-def _padding_mask(seen: torch.Tensor, width: int) -> torch.Tensor:
-    """(rows, width) bool: True on each row's last ``seen`` columns (its real tokens)."""
-    columns = torch.arange(width, device=seen.device)
-    return columns[None, :] >= (width - seen)[:, None]
-
-
-# --------------------------------------------------------------------------- sampling
-
-
-def _mask_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Set to ``-inf`` the logits outside each row's top-k, then outside its top-p nucleus.
-
-    ``top_k``: (rows,) long, the vocabulary size where off; ``top_p``: (rows,) float, 1 where
-    off. Ties with the k-th logit are kept; a token is dropped by top-p when the tokens
-    ranked above it already hold ``top_p`` of the mass (transformers' and vLLM's rules).
-    """
-    vocab = logits.shape[-1]
-    use_k = top_k < vocab
-    use_p = top_p < 1
-    if not bool(use_k.any() or use_p.any()):
-        return logits
-    ranked, order = logits.sort(dim=-1, descending=True)
-    if bool(use_k.any()):
-        kth = ranked.gather(1, (top_k.clamp(max=vocab) - 1)[:, None])
-        kth = torch.where(use_k[:, None], kth, torch.full_like(kth, float("-inf")))
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-        ranked = ranked.masked_fill(ranked < kth, float("-inf"))
-    if bool(use_p.any()):
-        probs = ranked.softmax(dim=-1)
-        mass_above = probs.cumsum(dim=-1) - probs
-        drop_ranked = (mass_above >= top_p[:, None]) & use_p[:, None]
-        drop = torch.zeros_like(drop_ranked).scatter(1, order, drop_ranked)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def _sample(logits: torch.Tensor, rows: Sequence[_Request], generator: torch.Generator) -> tuple[list[int], list[float]]:
-    """One token and its logprob per row, from that row's (rows, vocab) float32 logits."""
-    count, vocab = logits.shape
-    device = logits.device
-    temperature = torch.tensor([r.sampling.temperature for r in rows], dtype=torch.float32, device=device)
-    greedy = temperature < GREEDY_TEMPERATURE
-    tokens = torch.empty(count, dtype=torch.long, device=device)
-    logprobs = torch.empty(count, dtype=torch.float32, device=device)
-
-    if bool(greedy.any()):
-        index = greedy.nonzero().squeeze(1)
-        raw = logits[index]
-        chosen = raw.argmax(dim=-1)
-        tokens[index] = chosen
-        logprobs[index] = raw.log_softmax(dim=-1).gather(1, chosen[:, None]).squeeze(1)
-
-    if not bool(greedy.all()):
-        index = (~greedy).nonzero().squeeze(1)
-        picked = [rows[i] for i in index.tolist()]
-        top_k = torch.tensor([r.sampling.top_k if r.sampling.top_k > 0 else vocab for r in picked], device=device)
-        top_p = torch.tensor([r.sampling.top_p for r in picked], dtype=torch.float32, device=device)
-        scaled = _mask_top_k_top_p(logits[index] / temperature[index, None], top_k, top_p)
-        row_logprobs = scaled.log_softmax(dim=-1)
-        probs = row_logprobs.exp()
-        chosen = torch.empty(len(picked), dtype=torch.long, device=device)
-        unseeded = [j for j, r in enumerate(picked) if r.generator is None]
-        if unseeded:
-            chosen[unseeded] = torch.multinomial(probs[unseeded], 1, generator=generator).squeeze(1)
-        for j, request in enumerate(picked):
-            if request.generator is not None:  # alone, so the draw depends on this request only
-                chosen[j] = torch.multinomial(probs[j], 1, generator=request.generator)[0]
-        tokens[index] = chosen
-        logprobs[index] = row_logprobs.gather(1, chosen[:, None]).squeeze(1)
-
-    return tokens.tolist(), logprobs.tolist()
 
 
 # --------------------------------------------------------------------------- backend
@@ -322,7 +157,7 @@ class HFBackend:
         if isinstance(model, PreTrainedModel):
             self._model = model
         else:
-            from ..models import load_model
+            from ...models import load_model
 
             self._model = load_model(model, dtype=dtype, device=device)
         self._model.eval()
@@ -339,11 +174,12 @@ class HFBackend:
         self._generator.seed()
 
         self._cond = threading.Condition()
-        self._pending: deque[_Request] = deque()  # guarded by _cond
+        self._pending: deque[Request] = deque()  # guarded by _cond
         self._updates: deque[_WeightUpdate] = deque()  # guarded by _cond
         self._closing = False  # guarded by _cond
-        self._batch: _Batch | None = None  # worker thread only
+        self._batch: Batch | None = None  # worker thread only
         self._stats = {"prefills": 0, "decode_steps": 0, "joined_running": 0, "max_rows": 0, "weight_updates": 0}
+        self._runner = BatchRunner(self._model, self._generator, self._stats)  # worker thread only
         self._thread = threading.Thread(target=self._serve, name="rlfactory-hf-backend", daemon=True)
         self._thread.start()
 
@@ -370,12 +206,12 @@ class HFBackend:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        images: Sequence[Any] = ()) -> Generation:
-        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`); ``images``: the
+        """New tokens for ``prompt_ids`` (see :class:`~.base.Backend`); ``images``: the
         images behind the prompt's image tokens, in order (vision-language models only)."""
         prompt = self._check_request(prompt_ids, sampling)
         image_inputs = await asyncio.to_thread(self._image_inputs, prompt, images) if images else None
         loop = asyncio.get_running_loop()
-        request = _Request(
+        request = Request(
             prompt=prompt,
             sampling=sampling,
             stop_ids=self._eos_ids | frozenset(sampling.stop_token_ids),
@@ -450,9 +286,9 @@ class HFBackend:
 
     def _image_inputs(self, prompt: list[int], images: Sequence[Any]) -> dict[str, torch.Tensor]:
         """The model's inputs for the request's images, checked against its image tokens."""
-        from .render import image_inputs
+        from ..render import image_inputs
 
-        from ..models import load_processor, vision_problem
+        from ...models import load_processor, vision_problem
 
         problem = vision_problem(self._model.config)
         if problem is not None:
@@ -546,7 +382,7 @@ class HFBackend:
         self._updates.clear()
         return updates
 
-    def _take_admissions(self) -> list[_Request]:  # called with _cond held
+    def _take_admissions(self) -> list[Request]:  # called with _cond held
         if self._updates:  # draining for a weight update: hold new rows back
             return []
         room = self._max_batch_size - (len(self._batch) if self._batch is not None else 0)
@@ -566,121 +402,49 @@ class HFBackend:
                     for target, value in update.targets:
                         target.copy_(value)
             except Exception as exc:  # noqa: BLE001 - goes back to the caller of update_weights
-                _answer(update.loop, update.future, error=exc)
+                answer(update.loop, update.future, error=exc)
             else:
                 self._stats["weight_updates"] += 1
-                _answer(update.loop, update.future)
+                answer(update.loop, update.future)
 
-    def _admit(self, admitted: list[_Request]) -> None:
+    def _admit(self, admitted: list[Request]) -> None:
         """Prefill ``admitted`` and join them to the running batch. When a prefill of several
         requests fails, each is prefilled alone, so that one bad request (e.g. images that do
         not match its image tokens) fails by itself."""
         try:
-            joining = self._prefill(admitted)
+            joining = self._runner.prefill(admitted)
             if joining is not None and self._batch is not None:
-                merged = self._merge(self._batch, joining)
+                merged = self._runner.merge(self._batch, joining)
                 self._stats["joined_running"] += len(joining)
                 self._batch = merged
             elif joining is not None:
                 self._batch = joining
-        except _PrefillForwardError as failed:  # nothing was sampled: the requests can be retried
+        except PrefillForwardError as failed:  # nothing was sampled: the requests can be retried
             log.debug("prefill failed", exc_info=True)
             if len(admitted) > 1:
                 for request in admitted:
                     self._admit([request])
                 return
-            _answer(admitted[0].loop, admitted[0].future, error=failed.__cause__)
+            answer(admitted[0].loop, admitted[0].future, error=failed.__cause__)
         except Exception as exc:  # noqa: BLE001 - fail the new requests; the running batch is intact
             log.debug("prefill failed", exc_info=True)
             for request in admitted:
-                _answer(request.loop, request.future, error=exc)
+                answer(request.loop, request.future, error=exc)
 
     @torch.inference_mode()  # prefills and decode steps: no autograd graph, no saved activations
-    def _step(self, admitted: list[_Request]) -> None:
+    def _step(self, admitted: list[Request]) -> None:
         if admitted:
             self._admit(admitted)
         if self._batch is None:
             return
         self._stats["max_rows"] = max(self._stats["max_rows"], len(self._batch))
         try:
-            self._decode(self._batch)
+            self._batch = self._runner.decode(self._batch)
         except Exception as exc:  # noqa: BLE001 - the batch's cache is now unusable: fail its rows
             log.debug("decode step failed", exc_info=True)
             rows, self._batch = self._batch.rows, None
             for request in rows:
-                _answer(request.loop, request.future, error=exc)
-
-    def _forward_last_logits(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                             cache: DynamicCache, image_inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        output = self._model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1, **(image_inputs or {}))
-        return output.logits[:, -1, :].float()
-
-    def _prefill(self, requests: list[_Request]) -> _Batch | None:
-        """Run the new prompts, sample their first token; the rows still going, or None."""
-        self._stats["prefills"] += 1
-        width = max(len(r.prompt) for r in requests)
-        device = self._device
-        seen = torch.tensor([len(r.prompt) for r in requests], device=device)
-        input_ids = torch.zeros((len(requests), width), dtype=torch.long, device=device)
-        for i, request in enumerate(requests):
-            input_ids[i, width - len(request.prompt):] = torch.tensor(request.prompt, device=device)
-        mask = _padding_mask(seen, width)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        try:
-            logits = self._forward_last_logits(input_ids, mask.long(), positions, cache,
-                                               _concat_image_inputs([r.image_inputs for r in requests]))
-        except Exception as exc:  # noqa: BLE001 - see _admit
-            raise _PrefillForwardError() from exc
-        batch = _Batch(rows=list(requests), cache=cache, seen=seen, width=width)
-        return self._record(batch, logits)
-
-    def _decode(self, batch: _Batch) -> None:
-        device = self._device
-        input_ids = torch.tensor([[r.token_ids[-1]] for r in batch.rows], device=device)
-        positions = batch.seen[:, None]
-        mask = _padding_mask(batch.seen + 1, batch.width + 1)
-        logits = self._forward_last_logits(input_ids, mask.long(), positions, batch.cache)
-        self._stats["decode_steps"] += 1
-        batch.seen = batch.seen + 1
-        batch.width += 1
-        self._batch = self._record(batch, logits)
-
-    def _record(self, batch: _Batch, logits: torch.Tensor) -> _Batch | None:
-        """Sample each row's next token, answer finished rows; the rest, compacted, or None."""
-        tokens, logprobs = _sample(logits, batch.rows, self._generator)
-        keep = []
-        for i, (request, token, logprob) in enumerate(zip(batch.rows, tokens, logprobs)):
-            if request.append(token, logprob):
-                _answer(request.loop, request.future, request.generation())
-            elif not request.abandoned():
-                keep.append(i)
-        if not keep:
-            return None
-        if len(keep) == len(batch):
-            return batch
-        index = torch.tensor(keep, device=self._device)
-        batch.rows = [batch.rows[i] for i in keep]
-        batch.seen = batch.seen[index]
-        batch.cache.batch_select_indices(index)
-        # Columns that are padding for every remaining row only cost memory and time.
-        unused = batch.width - int(batch.seen.max())
-        if unused > 0:
-            batch.cache = _cache_from((k[:, :, unused:], v[:, :, unused:]) for k, v, *_ in batch.cache)
-            batch.width -= unused
-        return batch
-
-    @staticmethod
-    def _merge(running: _Batch, joining: _Batch) -> _Batch:
-        width = max(running.width, joining.width)
-        layers = [
-            (torch.cat([_left_pad_columns(k1, width, 2), _left_pad_columns(k2, width, 2)]),
-             torch.cat([_left_pad_columns(v1, width, 2), _left_pad_columns(v2, width, 2)]))
-            for (k1, v1, *_), (k2, v2, *_) in zip(running.cache, joining.cache)
-        ]
-        return _Batch(rows=running.rows + joining.rows, cache=_cache_from(layers),
-                      seen=torch.cat([running.seen, joining.seen]), width=width)
+                answer(request.loop, request.future, error=exc)
 
     def _abort_all(self, error: BaseException | None = None) -> None:
         """Answer everyone still waiting (worker thread, after the loop has ended)."""
@@ -691,10 +455,10 @@ class HFBackend:
         self._batch = None
         for request in rows + pending:
             if error is not None:
-                _answer(request.loop, request.future, error=error)
+                answer(request.loop, request.future, error=error)
             else:
-                _answer(request.loop, request.future, request.generation(aborted=True))
+                answer(request.loop, request.future, request.generation(aborted=True))
         closed = error or RLFactoryError("the hf backend was closed before the weights were loaded",
                                          hint="close the backend only after update_weights returns")
         for update in updates:
-            _answer(update.loop, update.future, error=closed)
+            answer(update.loop, update.future, error=closed)

