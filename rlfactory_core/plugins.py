@@ -2,14 +2,13 @@
 
 Plugins are found through the ``rlfactory`` entry-point group; the built-ins in
 :mod:`rlfactory_core.default_plugins` are registered on the same manager first. Each
-plugin is imported, registered and called in isolation: one that fails to import, that
-implements an unknown hook, whose declared plugin API range (its ``rlfactory_api``, see
-:mod:`rlfactory_core.version`) excludes the running API, or whose hook raises is recorded
-as ``broken`` (with the reason, shown by ``rlf plugins list``) and logged as a warning,
-while the others keep working. ``RLFACTORY_STRICT_PLUGINS=1`` turns each of these
-failures, and every name conflict, into an exception, for plugin authors and CI.
-``RLFACTORY_LOAD_PLUGINS`` is a comma-separated allow-list of entry-point or distribution
-names (set but empty: no external plugins at all).
+plugin is imported, registered and called in isolation: one that fails to import, needs
+another plugin API (its ``rlfactory_api``: :mod:`rlfactory_core.version`), implements an
+unknown hook, or whose hook raises is recorded as ``broken`` (with the reason, shown by
+``rlf plugins list``) and logged as a warning, while the others keep working.
+``RLFACTORY_STRICT_PLUGINS=1`` turns each of these failures, and every name conflict, into
+an exception, for plugin authors and CI. ``RLFACTORY_LOAD_PLUGINS`` is a comma-separated
+allow-list of entry-point or distribution names (set but empty: no external plugins at all).
 
 Registries are built on first use: every plugin's registration hooks are called, one
 plugin at a time, with a ``register`` callback bound to that plugin, so every component
@@ -297,8 +296,7 @@ def _describe(plugin_name: str) -> str:
 
 
 def _register(pm: pluggy.PluginManager, plugin: Any, info: PluginInfo) -> None:
-    problem = api_version_problem(plugin)
-    if problem:  # before any hook of it is registered: a plugin for another API would fail mid-run
+    if problem := api_version_problem(plugin):  # before any hook lands: it would fail mid-run
         _report(info, problem)
         return
     other = pm.get_name(plugin) if pm.is_registered(plugin) else None
