@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 # Tests must never reach a model or dataset hub: fail fast instead of hanging on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -24,6 +26,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    _report_hook_coverage(terminalreporter)
     if _forbidden_skips:
         terminalreporter.section("skips that RLFACTORY_FORBID_SKIPS turns into a failure", red=True)
         for nodeid, reason in _forbidden_skips:
@@ -33,3 +36,86 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_sessionfinish(session, exitstatus):
     if _forbidden_skips and exitstatus == 0:
         session.exitstatus = 1
+    _check_hook_coverage(session, session.exitstatus)
+
+
+# Every hook must be proven called by some test: pluggy's hook-call monitoring records the
+# hooks that reached an implementation on every plugin manager the core builds in this
+# process, and a session that ran the whole suite fails when a hookspec was never called.
+# Only the whole suite can prove that (a run of one file calls few hooks), so the check runs
+# when pytest collected its testpaths (`make test`, bare `pytest`) with nothing deselected;
+# RLFACTORY_HOOK_COVERAGE=1 forces it on a partial run, =0 turns it off.
+HOOK_COVERAGE_ENV = "RLFACTORY_HOOK_COVERAGE"
+_hook_calls = None
+_deselected = []
+_never_called: list[str] = []
+
+
+def pytest_configure(config):
+    global _hook_calls
+    from rlfactory_core.testing import HookCallRecorder
+
+    _hook_calls = HookCallRecorder()
+    _hook_calls.start()
+
+
+def pytest_deselected(items):
+    _deselected.extend(items)
+
+
+def _whole_suite_ran(session) -> bool:
+    forced = os.environ.get(HOOK_COVERAGE_ENV, "").strip()
+    if forced in {"0", "1"}:
+        return forced == "1"
+    option = session.config.option
+    return (session.config.args_source == pytest.Config.ArgsSource.TESTPATHS and not _deselected
+            and not option.keyword and not option.markexpr and not getattr(option, "lf", False)
+            and not option.collectonly and session.testscollected > 0)
+
+
+def _check_hook_coverage(session, exitstatus):
+    if exitstatus != 0 or _hook_calls is None or not _whole_suite_ran(session):
+        return
+    _never_called.extend(_hook_calls.never_called())
+    if _never_called:
+        session.exitstatus = 1
+
+
+def _report_hook_coverage(terminalreporter):
+    if _never_called:
+        terminalreporter.section("hooks no test called (root conftest.py: hook coverage)", red=True)
+        for hook in _never_called:
+            terminalreporter.line(f"{hook}: no test called it through the plugin manager; write one that does "
+                                  f"(a test plugin implementing it, and the code path that calls it)")
+
+
+# --------------------------------------------------------------------------- models
+# Here rather than in tests/conftest.py: pytest applies a conftest to the tests below it, and
+# the plugins' tests need the same models (one conversion, one tiny model per session).
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The embedded default model converted to an HF directory (shared cache, converted once)."""
+    from rlfactory_core.models import DEFAULT_MODEL, prepare_model
+
+    return prepare_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, default_model_dir):
+    """A 3-layer Llama with the default model's tokenizer (real chat template, real ids);
+    random weights: it never makes a tool call and answers nothing right. For a run's
+    mechanics (training, resuming, an env's servers and files) in seconds."""
+    from rlfactory_core.testing import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory, default_model_dir):
+    """A tiny random LLaVA (2-layer Llama + 1-layer CLIP, 4 image tokens per image) with the
+    default model's tokenizer and a processor: the image path's mechanics, end to end."""
+    from rlfactory_core.testing import build_tiny_vision_model
+
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vlm"), default_model_dir)

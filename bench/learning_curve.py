@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rlfactory_core.config import load_config
 from rlfactory_core.metrics import read_metrics
-from rlfactory_core.trainer import train
+from rlfactory_core.testing import train
 
 
 def main(argv: list[str]) -> None:

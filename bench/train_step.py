@@ -79,7 +79,7 @@ def our_config(args: argparse.Namespace, run_dir: Path) -> Any:
 
 def run_ours(args: argparse.Namespace, out: Path) -> None:
     from rlfactory_core.metrics import read_metrics
-    from rlfactory_core.trainer import train
+    from rlfactory_core.testing import train
 
     config = our_config(args, out.parent / "ours-run")
     started = time.perf_counter()
@@ -103,7 +103,7 @@ def run_trl(args: argparse.Namespace, out: Path, order: list[list[str]]) -> None
     from rlfactory_core.models import DEFAULT_MODEL, load_model, load_tokenizer, prepare_model
     from rlfactory_core.plugins import get_component
     from rlfactory_core.rollout import ChatTemplate
-    from rlfactory_core.trainer import load_samples
+    from rlfactory_core.data import load_samples
     from rlfactory_core.types import Trajectory
 
     config = our_config(args, out.parent / "unused")

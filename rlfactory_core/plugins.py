@@ -37,7 +37,7 @@ import os
 import re
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import pluggy
 
@@ -63,6 +63,7 @@ __all__ = [
     "register_commands",
     "add_plugin",
     "reset_plugins",
+    "watch_plugin_managers",
 ]
 
 ENTRY_POINT_GROUP = "rlfactory"
@@ -166,6 +167,7 @@ _state = _State()
 # Loading plugins and building registries, one thread at a time (reentrant: a registration
 # hook may ask for the plugin manager).
 _BUILD_LOCK = threading.RLock()
+_watchers: list[Callable[[pluggy.PluginManager], Any]] = []  # see watch_plugin_managers
 
 
 def _strict() -> bool:
@@ -200,6 +202,8 @@ def get_plugin_manager() -> pluggy.PluginManager:
 def _load_plugin_manager() -> None:
     pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
+    for watcher in list(_watchers):
+        watcher(pm)
     _state.pm = pm
     try:
         _load_default_plugins(pm)
@@ -208,6 +212,18 @@ def _load_plugin_manager() -> None:
         _state.pm = None
         _state.infos.clear()
         raise
+
+
+def watch_plugin_managers(callback: Callable[[pluggy.PluginManager], Any]) -> Callable[[], None]:
+    """Call ``callback(pm)`` with the plugin manager in use, if any, and with each one built
+    later (after :func:`reset_plugins`), before plugins load on it: how tests install pluggy's
+    hook-call monitoring (``pm.add_hookcall_monitoring``) on every manager, which sees every
+    hook call (see ``_call_impl``). Returns a function that stops the calls."""
+    with _BUILD_LOCK:
+        _watchers.append(callback)
+        if _state.pm is not None:
+            callback(_state.pm)
+    return lambda: _watchers.remove(callback) if callback in _watchers else None
 
 
 def reset_plugins() -> None:
@@ -356,9 +372,12 @@ def _impls(hook_name: str, registration_order: bool = False) -> list[pluggy.Hook
     return list(impls) if registration_order else list(reversed(impls))
 
 
-def _call_impl(impl: pluggy.HookImpl, **kwargs: Any) -> Any:
-    # Pass only the arguments the implementation asks for: that is what lets hooks grow.
-    return impl.function(**{name: kwargs[name] for name in impl.argnames})
+def _call_impl(hook_name: str, impl: pluggy.HookImpl, **kwargs: Any) -> Any:
+    # Through pluggy (hook-call monitors see it), one plugin alone (its failure is its own);
+    # pluggy passes only the arguments the implementation asks for: that is what lets hooks grow.
+    pm = get_plugin_manager()
+    results = pm.subset_hook_caller(hook_name, [p for p in pm.get_plugins() if p is not impl.plugin])(**kwargs)
+    return results[0] if results else None
 
 
 def _info_for(plugin_name: str) -> PluginInfo:
@@ -389,7 +408,7 @@ def _collect(info: PluginInfo, impls: dict[str, pluggy.HookImpl]) -> list[Compon
             staged.append(Component(kind=_kind, name=name, obj=obj, plugin=info.name, distribution=distribution))
 
         try:
-            _call_impl(impl, register=register)
+            _call_impl(REGISTRATION_HOOKS[kind], impl, register=register)
         except Exception as exc:  # noqa: BLE001 - isolate the plugin
             _report(info, f"{REGISTRATION_HOOKS[kind]} failed: {type(exc).__name__}: {exc}", exc)
             return None
@@ -567,7 +586,7 @@ def notify(hook_name: str, **kwargs: Any) -> list[Any]:
     results = []
     for impl in _impls(hook_name):
         try:
-            result = _call_impl(impl, **kwargs)
+            result = _call_impl(hook_name, impl, **kwargs)
         except Exception as exc:  # noqa: BLE001 - an observer must not kill a training run
             _report(_info_for(impl.plugin_name), f"{hook_name} raised {type(exc).__name__}: {exc}", exc)
             continue

@@ -136,7 +136,6 @@ def test_builtins_register_through_the_plugin_manager(plugin_manager):
     assert infos["rlfactory.tools"].components == {"tool": ["calculator"]}
 
 
-@pytest.mark.exercises_hook("rlfactory_register_tools")
 async def test_register_tools_hook_makes_a_callable_tool(plugin_manager):
     with registered_plugin(EveryKindPlugin(), name="every-kind"):
         component = plugins.components("tool")["reverse"]
@@ -145,7 +144,6 @@ async def test_register_tools_hook_makes_a_callable_tool(plugin_manager):
         assert result.content == "cba"
 
 
-@pytest.mark.exercises_hook("rlfactory_register_parsers")
 def test_register_parsers_hook(plugin_manager):
     with registered_plugin(EveryKindPlugin(), name="every-kind"):
         parser = plugins.get_component("parser", "echo")
@@ -153,7 +151,6 @@ def test_register_parsers_hook(plugin_manager):
         assert plugins.components("parser")["echo"].plugin == "every-kind"
 
 
-@pytest.mark.exercises_hook("rlfactory_register_envs")
 async def test_register_envs_hook(plugin_manager):
     with registered_plugin(EveryKindPlugin(), name="every-kind"):
         env = plugins.get_component("env", "one_turn")()
@@ -163,7 +160,6 @@ async def test_register_envs_hook(plugin_manager):
         assert step.done and step.final_answer == "4" and reset.state["closed"]
 
 
-@pytest.mark.exercises_hook("rlfactory_register_tool_managers")
 async def test_register_tool_managers_hook(plugin_manager):
     with registered_plugin(EveryKindPlugin(), name="every-kind"):
         manager_cls = plugins.get_component("tool_manager", "serial")
@@ -172,7 +168,6 @@ async def test_register_tool_managers_hook(plugin_manager):
         assert result.content == "42"
 
 
-@pytest.mark.exercises_hook("rlfactory_register_rewards")
 async def test_register_rewards_hook(plugin_manager):
     with registered_plugin(EveryKindPlugin(), name="every-kind"):
         reward = plugins.get_component("reward", "short_answer")()
@@ -437,7 +432,6 @@ def _env_step_kwargs():
     )
 
 
-@pytest.mark.exercises_hook("rlfactory_on_env_step")
 def test_on_env_step_collects_shaping_rewards_and_isolates_failures(plugin_manager):
     recorder = Recorder()
     plugins.add_plugin(recorder, "recorder")
@@ -455,7 +449,6 @@ def test_raising_observer_is_fatal_in_strict_mode(plugin_manager, monkeypatch):
         plugins.notify("rlfactory_on_env_step", **_env_step_kwargs())
 
 
-@pytest.mark.exercises_hook("rlfactory_on_trajectory_end")
 def test_on_trajectory_end(plugin_manager):
     recorder = Recorder()
     plugins.add_plugin(recorder, "recorder")
@@ -464,9 +457,6 @@ def test_on_trajectory_end(plugin_manager):
     assert recorder.calls == [("trajectory_end", "answer", "q1")]
 
 
-@pytest.mark.exercises_hook("rlfactory_on_train_start")
-@pytest.mark.exercises_hook("rlfactory_on_train_step_end")
-@pytest.mark.exercises_hook("rlfactory_on_train_end")
 def test_training_observers(plugin_manager):
     recorder = Recorder()
     plugins.add_plugin(recorder, "recorder")
@@ -479,7 +469,6 @@ def test_training_observers(plugin_manager):
 # -- CLI commands from plugins ----------------------------------------------------------------
 
 
-@pytest.mark.exercises_hook("rlfactory_register_commands")
 def test_plugins_add_cli_commands_and_a_raising_one_does_not_break_the_cli(tmp_path, monkeypatch, plugin_manager, rlf):
     install_fake_distribution(monkeypatch, tmp_path, "rlfactory-plugin-hello", "hello", "rlf_test_hello", """
         import typer

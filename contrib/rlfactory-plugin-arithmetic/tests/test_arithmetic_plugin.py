@@ -8,68 +8,49 @@ Needs the distribution installed (``pip install -e contrib/rlfactory-plugin-arit
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 
 import pytest
 
 import rlfactory_arithmetic
 from rlfactory_arithmetic import NO_TOOLS_PROMPT, SYSTEM_PROMPT, ArithmeticEnv
-from rlfactory_core import plugins
-from rlfactory_core.errors import UnknownComponentError
-from rlfactory_core.interfaces import check_component
-from rlfactory_core.types import EnvStep, ParsedTurn, ToolCall, Trajectory
+from rlfactory_core import (EnvStep, ParsedTurn, ToolCall, Trajectory, UnknownComponentError, check_component,
+                            get_component)
+from rlfactory_core.testing import assert_discovered, components, installed_plugins
 
 DIST = "rlfactory-plugin-arithmetic"
 
 
 @pytest.fixture
-def fresh_plugins(monkeypatch):
+def fresh_plugins():
     """The real plugin manager, reloaded from the installed entry points, reset afterwards."""
-    monkeypatch.delenv(plugins.LOAD_ENV, raising=False)
-    monkeypatch.delenv(plugins.STRICT_ENV, raising=False)
-    plugins.reset_plugins()
-    yield monkeypatch
-    plugins.reset_plugins()
+    with installed_plugins() as pm:
+        yield pm
 
 
-def test_distribution_declares_the_entry_point():
-    try:
-        dist = importlib.metadata.distribution(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail(f"{DIST} is not installed; run: pip install -e contrib/rlfactory-plugin-arithmetic")
-    [entry_point] = [ep for ep in dist.entry_points if ep.group == plugins.ENTRY_POINT_GROUP]
-    assert (entry_point.name, entry_point.value) == ("arithmetic", "rlfactory_arithmetic")
-    assert entry_point.load() is rlfactory_arithmetic
+def test_the_plugin_is_discovered_through_its_entry_point():
+    # Strict mode, the plugin loaded alone: any import, hook or registration problem raises.
+    info = assert_discovered(DIST, {"env": ["arithmetic"], "reward": ["arithmetic_verified"]},
+                             plugin=rlfactory_arithmetic)
+    assert info.name == "arithmetic"
 
 
-@pytest.mark.parametrize("allowed", ["arithmetic", DIST])
-@pytest.mark.exercises_hook("rlfactory_register_envs")
-def test_env_is_registered_through_the_plugin_manager(fresh_plugins, allowed):
-    # Strict mode turns any import, hook or registration problem of a loaded plugin into an
-    # exception; the allow-list keeps other installed plugins out of this test.
-    fresh_plugins.setenv(plugins.STRICT_ENV, "1")
-    fresh_plugins.setenv(plugins.LOAD_ENV, allowed)
-    component = plugins.components("env")["arithmetic"]
+def test_env_is_registered_through_the_plugin_manager(fresh_plugins):
+    component = components("env")["arithmetic"]
     assert (component.kind, component.plugin, component.obj) == ("env", "arithmetic", ArithmeticEnv)
     assert component.description
-    assert plugins.get_component("env", "arithmetic") is ArithmeticEnv
-    [info] = [info for info in plugins.plugin_infos() if info.name == "arithmetic"]
-    assert info.status == "ok", info.problems
-    assert (info.distribution, info.builtin) == (DIST, False)
-    assert info.hooks == ["rlfactory_register_envs", "rlfactory_register_rewards"]
-    assert info.components == {"env": ["arithmetic"], "reward": ["arithmetic_verified"]}
+    assert get_component("env", "arithmetic") is ArithmeticEnv
 
 
-def test_env_is_absent_when_external_plugins_are_disabled(fresh_plugins):
-    fresh_plugins.setenv(plugins.LOAD_ENV, "")
-    with pytest.raises(UnknownComponentError, match="arithmetic"):
-        plugins.get_component("env", "arithmetic")
-    assert "calculator" in plugins.components("tool")  # the tool is the core's, always there
+def test_env_is_absent_when_external_plugins_are_disabled():
+    with installed_plugins(load=""):
+        with pytest.raises(UnknownComponentError, match="arithmetic"):
+            get_component("env", "arithmetic")
+        assert "calculator" in components("tool")  # the tool is the core's, always there
 
 
 def test_env_satisfies_the_interface(fresh_plugins):
     check_component("env", ArithmeticEnv)
-    assert ArithmeticEnv().tools == [plugins.get_component("tool", "calculator")]
+    assert ArithmeticEnv().tools == [get_component("tool", "calculator")]
     assert ArithmeticEnv(use_tools=False).tools == []
     with pytest.raises(ValueError, match="questions_per_episode"):
         ArithmeticEnv(questions_per_episode=0)
@@ -92,7 +73,7 @@ def test_splits_are_disjoint_and_deterministic(fresh_plugins):
 
 
 def test_an_episode_through_reset_and_step(fresh_plugins):
-    env = plugins.get_component("env", "arithmetic")(questions_per_episode=2)
+    env = get_component("env", "arithmetic")(questions_per_episode=2)
     [sample] = env.dataset(1, "test")
     first, second = sample["questions"]
 
@@ -118,7 +99,7 @@ def test_an_episode_through_reset_and_step(fresh_plugins):
         return done.final_answer
 
     final_answer = asyncio.run(episode())
-    reward = plugins.get_component("reward", "exact_match")()
+    reward = get_component("reward", "exact_match")()
     scored = asyncio.run(reward.score(Trajectory(sample_id=sample["id"], prompt_ids=[], final_answer=final_answer), sample))
     assert scored.value == 1.0
 

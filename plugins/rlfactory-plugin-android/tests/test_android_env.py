@@ -11,11 +11,8 @@ import re
 
 import pytest
 
-from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.plugins import get_component
-from rlfactory_core.rewards import RewardContext
-from rlfactory_core.types import ParsedTurn, ToolCall, Trajectory
+from rlfactory_core import ConfigError, ParsedTurn, RewardContext, ToolCall, Trajectory, get_component
+from rlfactory_core.testing import ConcurrentToolManager, ScriptedBackend
 from rlfactory_android import AndroidEnv, AndroidTaskReward, SimulatedPhone, StartState, parse_ui, render_screen
 from rlfactory_android.device import Check, DeviceError
 from rlfactory_android.env import evaluate_check
@@ -363,36 +360,26 @@ def test_the_reward_counts_an_unreadable_check_and_skips_other_episodes():
 # --------------------------------------------------------------------------- whole episodes
 
 
-class ScriptedModel:
-    """A stand-in policy for the rollout engine: per goal, its moves, each a tool call written
-    in Qwen3's format or a final answer. It reads the screen it was last shown: a call's
-    ``"element": "Wi-Fi"`` becomes that element's number on it."""
+def scripted_moves(moves):
+    """A stand-in policy for the rollout engine (the reply of a ScriptedBackend): per goal,
+    its moves, each a tool call written in Qwen3's format or a final answer. It reads the
+    screen it was last shown: a call's ``"element": "Wi-Fi"`` becomes that element's number
+    on it."""
 
-    name = "scripted"
-
-    def __init__(self, chat, moves):
-        self.chat, self.moves = chat, moves
-
-    async def generate(self, prompt_ids, sampling):
-        from rlfactory_core.rollout import Generation
-
-        episode = self.chat.decode(prompt_ids).rsplit("Task: ", 1)[1]  # after the worked examples
+    def reply(prompt):
+        episode = prompt.rsplit("Task: ", 1)[1]  # after the worked examples
         goal = episode.split("\n", 1)[0]
-        move = self.moves[goal][episode.count("<tool_response>")]
+        move = moves[goal][episode.count("<tool_response>")]
         if isinstance(move, str):
-            reply = move
-        else:
-            name, arguments = move
-            if isinstance(arguments.get("element"), str):
-                screen = episode.rsplit("Screen: ", 1)[1]
-                number = re.search(r'^\[(\d+)\] \S+ "%s"' % re.escape(arguments["element"]), screen, re.M).group(1)
-                arguments = {**arguments, "element": int(number)}
-            reply = "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-        ids = self.chat.encode(reply) + [self.chat.turn_end_id]
-        return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")
+            return move
+        name, arguments = move
+        if isinstance(arguments.get("element"), str):
+            screen = episode.rsplit("Screen: ", 1)[1]
+            number = re.search(r'^\[(\d+)\] \S+ "%s"' % re.escape(arguments["element"]), screen, re.M).group(1)
+            arguments = {**arguments, "element": int(number)}
+        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
-    async def close(self):
-        pass
+    return reply
 
 
 async def test_episodes_through_the_agent_loop_and_the_reward_layer():
@@ -401,10 +388,9 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     of `android_task`; the embedded model's chat template) with a scripted model: open
     Settings, tap a row by its number on the screen, answer "Done.". The right row passes the
     task's check and scores 1; the wrong row scores 0."""
-    from rlfactory_core.config import load_config
-    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
-    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, rollout
-    from rlfactory_core.task import build_task
+    from rlfactory_core import ChatTemplate, load_tokenizer
+    from rlfactory_core.testing import (DEFAULT_MODEL, RolloutConfig, build_task, load_config, prepare_model,
+                                        rollout)
 
     config = load_config([], [], flags={"env": "android"})
     built = build_task(config)
@@ -413,13 +399,14 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     samples = {s["id"]: s for s in env.dataset(None, "train")}
     samples = [samples["train-setting-wifi_on-off"], samples["train-setting-zen_mode-off"]]
     assert [s["goal"] for s in samples] == ["Turn off Wi-Fi.", "Turn off Do not disturb."]
-    model = ScriptedModel(ChatTemplate(load_tokenizer(prepare_model(DEFAULT_MODEL))), {
+    chat = ChatTemplate(load_tokenizer(prepare_model(DEFAULT_MODEL)))
+    model = ScriptedBackend(chat.tokenizer, scripted_moves({
         "Turn off Wi-Fi.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
         "Turn off Do not disturb.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
-    })
+    }), end_token_id=chat.turn_end_id)
     try:
         trajectories = await rollout(samples, env=env, parser=built.parser, tool_manager=built.tool_manager,
-                                     backend=model, chat=model.chat,
+                                     backend=model, chat=chat,
                                      config=RolloutConfig(**config.rollout.model_dump()))
         for trajectory in trajectories:
             assert trajectory.stop_reason == "env_done" and trajectory.num_turns == 3, trajectory.metadata
@@ -524,8 +511,7 @@ def test_bad_options_and_task_files_are_reported_all_at_once(tmp_path):
 
 
 def test_registered_through_the_plugin_manager_with_a_worked_example_in_the_runs_parser():
-    from rlfactory_core.config import load_config
-    from rlfactory_core.task import build_task
+    from rlfactory_core.testing import build_task, load_config
 
     assert get_component("env", "android") is AndroidEnv
     assert get_component("reward", "android_task") is AndroidTaskReward

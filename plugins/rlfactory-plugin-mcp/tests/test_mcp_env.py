@@ -9,10 +9,8 @@ import pytest
 
 from mcp_testing import (assert_none_left, marked, marked_processes, new_marker, server_processes, stdio_toolbox,
                          time_server)
-from rlfactory_core.config import load_config
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.plugins import get_component
-from rlfactory_core.types import Message, ParsedTurn, ToolCall
+from rlfactory_core import ConfigError, Message, ParsedTurn, ToolCall, get_component
+from rlfactory_core.testing import ScriptedBackend, load_config
 from rlfactory_mcp import MCPEnv
 
 
@@ -100,41 +98,27 @@ async def test_an_episode_continues_on_tool_calls_and_ends_with_the_tagged_answe
         await env.reset({"id": "2"})
 
 
-class ScriptedPolicy:
-    """A generation backend that writes fixed turns (a stand-in for a model that has learned
-    to call the tool): first an ``add`` call, then the answer. Trajectory i makes its call
-    after i x 50 ms, and the MCP server is killed once ``kill_after`` results have come
-    back: mid-run, with the other calls still to come."""
+class ServerKillingScript:
+    """The script of a ScriptedBackend, a stand-in for a model that has learned to call the
+    tool: first an ``add`` call, then the answer. Trajectory i makes its call after i x 50
+    ms, and the MCP server is killed once ``kill_after`` results have come back: mid-run,
+    with the other calls still to come."""
 
-    name = "scripted"
-
-    def __init__(self, chat, kill_after: int):
-        self.chat, self.kill_after, self.results_seen = chat, kill_after, 0
+    def __init__(self, kill_after: int):
+        self.kill_after, self.results_seen = kill_after, 0
         self.killed = None
 
-    async def generate(self, prompt_ids, sampling):
-        from rlfactory_core.rollout import Generation
-
-        text = self.chat.decode(prompt_ids)
+    async def __call__(self, text):
         number = int(text.rsplit("What is ", 1)[1].split(" ", 1)[0])
         if "<tool_response>" not in text.rsplit("What is ", 1)[1]:
             await asyncio.sleep(0.05 * number)
-            reply = '<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call>' % (number, number)
-        else:
-            self.results_seen += 1
-            if self.results_seen == self.kill_after:
-                [self.killed] = server_processes_named("toolbox.py")
-                self.killed.kill()
-            result = text.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
-            reply = f"<answer>{result}</answer>"
-        ids = self.chat.encode(reply) + [self.chat.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")
-
-    async def update_weights(self, named_tensors):
-        pass
-
-    async def close(self):
-        pass
+            return '<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call>' % (number, number)
+        self.results_seen += 1
+        if self.results_seen == self.kill_after:
+            [self.killed] = server_processes_named("toolbox.py")
+            self.killed.kill()
+        result = text.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
+        return f"<answer>{result}</answer>"
 
 
 def server_processes_named(fragment):
@@ -144,22 +128,22 @@ def server_processes_named(fragment):
 async def test_a_rollout_recovers_when_a_server_is_killed_mid_run(files):
     """32 trajectories through the real rollout engine and tool manager; the server is
     killed after 10 of them have their result. Every trajectory still gets its result."""
-    from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
-    from rlfactory_core.rewards import build_reward_layer
-    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, rollout
+    from rlfactory_core import ChatTemplate, load_tokenizer
+    from rlfactory_core.testing import (DEFAULT_MODEL, ConcurrentToolManager, RolloutConfig, build_reward_layer,
+                                        prepare_model, rollout)
 
     config, tasks = files
     env = MCPEnv(mcp_config=str(config), data=str(tasks))
     chat = ChatTemplate(load_tokenizer(prepare_model(DEFAULT_MODEL)))
-    policy = ScriptedPolicy(chat, kill_after=10)
+    script = ServerKillingScript(kill_after=10)
+    policy = ScriptedBackend(chat.tokenizer, script, end_token_id=chat.tokenizer.convert_tokens_to_ids("<|im_end|>"))
     manager = ConcurrentToolManager(env.tools, timeout_s=120)
     try:
         samples = env.dataset(32, "train")
         trajectories = await rollout(samples, env=env, parser=get_component("parser", "qwen3"), tool_manager=manager,
                                      backend=policy, chat=chat,
                                      config=RolloutConfig(max_turns=3, max_tokens_per_turn=64))
-        assert policy.killed is not None and env.toolset.restarts >= 1
+        assert script.killed is not None and env.toolset.restarts >= 1
         assert all(t.stop_reason == "env_done" for t in trajectories)
         assert all(r.error is None for t in trajectories for r in t.tool_results)
         scores = await build_reward_layer(load_config([]).rewards, manager).score(trajectories, samples)

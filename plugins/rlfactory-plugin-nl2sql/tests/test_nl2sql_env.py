@@ -9,11 +9,9 @@ import re
 
 import pytest
 
-from rlfactory_core.config import load_config
-from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.plugins import get_component, plugin_infos
-from rlfactory_core.types import ParsedTurn, ParseError, ToolCall, ToolResult
+from rlfactory_core import ConfigError, ParsedTurn, ParseError, ToolCall, ToolResult, get_component
+from rlfactory_core.testing import (ConcurrentToolManager, ScriptedBackend, load_config, plugin_infos,
+                                    scripted_backend)
 from rlfactory_nl2sql import NL2SQLEnv, SQLExecutionReward
 from rlfactory_nl2sql.data import EXAMPLE_QUESTION, EXAMPLE_SQL, database_file
 from rlfactory_nl2sql.env import INSTRUCTION, NO_TOOLS_INSTRUCTION
@@ -51,7 +49,7 @@ def test_the_env_brings_its_run_defaults_and_the_user_can_change_them():
 
 
 def test_the_trainer_builds_the_task_with_the_runs_parser(built):
-    from rlfactory_core.task import build_task
+    from rlfactory_core.testing import build_task
 
     def task(*overrides):
         return build_task(load_config([], [f"env_options={{data_dir: {built}}}", *overrides], flags={"env": "nl2sql"}))
@@ -98,7 +96,7 @@ def test_bad_env_options_are_all_reported_at_once(tmp_path):
         f"env_options.splits.validation: no file {tmp_path / 'bird' / 'val.json'}; set splits: "
         "{validation: FILE} (relative to data_dir or absolute), or {validation: null} to drop it"]
     # the same problems reach a run as one config error
-    from rlfactory_core.task import build_task
+    from rlfactory_core.testing import build_task
 
     with pytest.raises(ConfigError, match="env_options.max_rows: must be an integer from 1 to 1000, got 0"):
         build_task(load_config([], ["env_options={max_rows: 0}"], flags={"env": "nl2sql"}))
@@ -258,36 +256,25 @@ async def test_the_tools_need_an_episode(env):
 # --------------------------------------------------------------------------- whole episodes
 
 
-class ScriptedBackend:
-    """A stand-in model: for each question, first a run_query call, then an answer."""
+def scripted_model(tokenizer, script):
+    """A stand-in model: for each question (``script``: question -> (probe SQL, answer)),
+    first a run_query call with the probe, then the answer."""
 
-    name = "scripted"
-
-    def __init__(self, tokenizer, script):
-        self.tokenizer, self.script = tokenizer, script
-
-    async def generate(self, prompt_ids, sampling):
-        from rlfactory_core import Generation
-
-        prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=True)
+    def reply(prompt):
         question = re.findall(r"Question: (.*)", prompt)[-1].strip()
-        probe, answer = self.script[question]
+        probe, answer = script[question]
         seen = prompt.rsplit(f"Question: {question}", 1)[1]
-        text = answer if "<tool_response>" in seen else (
+        return answer if "<tool_response>" in seen else (
             '<tool_call>\n{"name": "run_query", "arguments": {"query": "' + probe + '"}}\n</tool_call>')
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        return Generation(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop")
 
-    async def close(self):
-        pass
+    return ScriptedBackend(tokenizer, reply)
 
 
 async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
     """Real rollouts (qwen3 parser, tool manager, chat template of the embedded model) with a
     scripted model: one right answer, one wrong, one that errs, one without tags."""
-    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
-    from rlfactory_core.rewards import build_reward_layer
-    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, rollout
+    from rlfactory_core import ChatTemplate, load_tokenizer
+    from rlfactory_core.testing import DEFAULT_MODEL, RolloutConfig, build_reward_layer, prepare_model, rollout
 
     tokenizer = load_tokenizer(prepare_model(DEFAULT_MODEL))
     peru = "SELECT cap.name FROM countries AS c JOIN capitals AS cap ON cap.country_code = c.code WHERE c.name = 'Peru'"
@@ -302,7 +289,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
     config = load_config([], ["rewards=[{name: sql_execution}]"], flags={"env": "nl2sql"})
     manager = ConcurrentToolManager(env.tools)
     trajectories = await rollout(samples, env=env, parser=get_component("parser", "qwen3"), tool_manager=manager,
-                                 backend=ScriptedBackend(tokenizer, script), chat=ChatTemplate(tokenizer),
+                                 backend=scripted_model(tokenizer, script), chat=ChatTemplate(tokenizer),
                                  config=RolloutConfig(**config.rollout.model_dump()), group_size=1)
     assert [t.num_turns for t in trajectories] == [2, 2, 2, 2]
     assert "PER" in trajectories[0].tool_results[0].content
@@ -319,7 +306,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
     assert trajectories[3].final_answer == "" and trajectories[3].messages[-1].content == "The capital is Lima."
 
 
-def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(built, tmp_path, monkeypatch, capsys):
+def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(built, tmp_path, capsys):
     """`rlf eval --env nl2sql`, in process, through the CLI and rlfactory_core.trainer.evaluate
     (the env's run defaults, its eval reward with format_score 0, the agent loop, the
     report), with the generation backend replaced by the scripted model. Of 8 test
@@ -328,8 +315,8 @@ def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(buil
     import json
 
     from rlfactory_cli.app import run
-    from rlfactory_core import trainer
-    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer
+    from rlfactory_core import load_tokenizer
+    from rlfactory_core.testing import DEFAULT_MODEL
 
     samples = NL2SQLEnv(data_dir=str(built)).dataset(8, "test")  # what `rlf eval --size 8` evaluates
     answers = [f"<answer>{s['query']}</answer>" for s in samples]
@@ -338,12 +325,10 @@ def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(buil
     answers[7] = "I do not know."
     script = {s["question"]: ("SELECT 1", answer) for s, answer in zip(samples, answers)}
     assert len(script) == 8
-    monkeypatch.setattr(trainer, "_make_backend",
-                        lambda config, model_path: ScriptedBackend(load_tokenizer(model_path), script))
-
     report_dir = tmp_path / "report"
-    code = run(["eval", "--env", "nl2sql", "--model", DEFAULT_MODEL, "--size", "8", "--report", str(report_dir),
-                f"env_options={{data_dir: {built}}}", "logging.live=off"])
+    with scripted_backend(lambda model_path: scripted_model(load_tokenizer(model_path), script)):
+        code = run(["eval", "--env", "nl2sql", "--model", DEFAULT_MODEL, "--size", "8", "--report", str(report_dir),
+                    f"env_options={{data_dir: {built}}}", "logging.live=off"])
     printed = capsys.readouterr()
     assert code == 0, printed.err[-3000:]
     report = json.loads((report_dir / "report.json").read_text())

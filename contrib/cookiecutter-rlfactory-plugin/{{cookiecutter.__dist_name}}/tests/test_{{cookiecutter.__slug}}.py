@@ -17,7 +17,6 @@ import sys
 
 import pytest
 
-from rlfactory_core import plugins
 {% set type_names = [] %}
 {% if "env" in kinds %}
 {% set type_names = type_names + ["ParseError", "ParsedTurn", "ToolCall"] %}
@@ -28,9 +27,8 @@ from rlfactory_core import plugins
 {% if "env" in kinds or "reward" in kinds %}
 {% set type_names = type_names + ["Trajectory"] %}
 {% endif %}
-{% if type_names %}
-from rlfactory_core.types import {{ type_names | join(", ") }}
-{% endif %}
+from rlfactory_core import {{ (type_names + ["get_component"]) | join(", ") }}
+from rlfactory_core.testing import assert_discovered, installed_plugins
 
 PLUGIN_NAME = "{{ cookiecutter.plugin_name }}"
 EXPECTED_HOOKS = [
@@ -66,9 +64,14 @@ EXPECTED_COMPONENTS = {
 @pytest.fixture(autouse=True)
 def fresh_plugins():
     """Load the installed plugins afresh for every test, and forget them afterwards."""
-    plugins.reset_plugins()
-    yield
-    plugins.reset_plugins()
+    with installed_plugins():
+        yield
+
+
+def test_plugin_is_discovered_through_its_entry_point():
+    # Strict mode, the plugin loaded alone: any import, hook or registration problem raises.
+    info = assert_discovered("{{ cookiecutter.__dist_name }}", EXPECTED_COMPONENTS, hooks=EXPECTED_HOOKS)
+    assert info.name == PLUGIN_NAME
 
 
 def test_plugin_is_listed_with_its_hooks_and_components():
@@ -87,14 +90,14 @@ def test_plugin_is_listed_with_its_hooks_and_components():
 
 
 def test_word_count_tool_counts_words():
-    tool = plugins.get_component("tool", "{{ slug }}_word_count")
+    tool = get_component("tool", "{{ slug }}_word_count")
     result = asyncio.run(tool.call({"text": "three  small\nwords"}))
     assert result.content == "3"
     assert tool.parameters["required"] == ["text"]
 
 
 def test_word_count_tool_rejects_invalid_arguments():
-    tool = plugins.get_component("tool", "{{ slug }}_word_count")
+    tool = get_component("tool", "{{ slug }}_word_count")
     with pytest.raises(ValueError, match="text"):  # the tool manager turns this into an error observation
         asyncio.run(tool.call({"words": "no such argument"}))
 {% endif %}
@@ -113,7 +116,7 @@ def test_word_count_tool_rejects_invalid_arguments():
     ],
 )
 def test_length_reward_scores_the_final_answer(final_answer, expected):
-    reward = plugins.get_component("reward", "{{ slug }}_length")(max_words=10)
+    reward = get_component("reward", "{{ slug }}_length")(max_words=10)
     trajectory = Trajectory(sample_id="test", prompt_ids=[], final_answer=final_answer)
     output = asyncio.run(reward.score(trajectory, {"id": "test"}))
     assert output.value == pytest.approx(expected)
@@ -122,13 +125,13 @@ def test_length_reward_scores_the_final_answer(final_answer, expected):
 
 def test_length_reward_rejects_an_empty_budget():
     with pytest.raises(ValueError, match="max_words"):
-        plugins.get_component("reward", "{{ slug }}_length")(max_words=0)
+        get_component("reward", "{{ slug }}_length")(max_words=0)
 {% endif %}
 {% if "env" in kinds %}
 
 
 def test_env_runs_an_episode_from_its_dataset():
-    env = plugins.get_component("env", "{{ slug }}")()
+    env = get_component("env", "{{ slug }}")()
     sample = env.dataset(1)[0]
 
     async def episode():
@@ -154,31 +157,31 @@ def test_env_runs_an_episode_from_its_dataset():
     final_answer = asyncio.run(episode())
     assert final_answer == sample["answer"]
     # RLFactory's built-in exact_match reward scores the env's samples as they are.
-    exact_match = plugins.get_component("reward", "exact_match")()
+    exact_match = get_component("reward", "exact_match")()
     trajectory = Trajectory(sample_id=sample["id"], prompt_ids=[], final_answer=final_answer)
     assert asyncio.run(exact_match.score(trajectory, sample)).value == 1.0
 
 
 def test_env_answers_in_its_dataset_are_right():
-    env = plugins.get_component("env", "{{ slug }}")()
+    env = get_component("env", "{{ slug }}")()
     for sample in env.dataset(32, "train") + env.dataset(32, "test"):
         assert sample["answer"] == str(len(sample["text"].split())), sample["id"]
 
 
 def test_env_splits_are_fixed_and_share_no_text():
     """`rlf train` trains on `dataset(size, "train")` and evaluates on `dataset(size, "test")`."""
-    env = plugins.get_component("env", "{{ slug }}")()
+    env = get_component("env", "{{ slug }}")()
     train, test = env.dataset(200, "train"), env.dataset(50, "test")
     assert len(train) == 200 and len(test) == 50
     assert not {s["text"] for s in train} & {s["text"] for s in test}
     assert env.dataset(200, "train") == train  # the same samples every time
-    assert plugins.get_component("env", "{{ slug }}")(seed=1).dataset(200, "train") != train
+    assert get_component("env", "{{ slug }}")(seed=1).dataset(200, "train") != train
     with pytest.raises(ValueError, match="validation"):
         env.dataset(4, "validation")
 
 
 def test_env_gives_feedback_on_unreadable_calls_and_stops_at_max_turns():
-    env = plugins.get_component("env", "{{ slug }}")(max_turns=2)
+    env = get_component("env", "{{ slug }}")(max_turns=2)
     sample = env.dataset(1)[0]
     call = ToolCall(name="{{ slug }}_word_count", arguments={"text": sample["text"]})
 
@@ -200,7 +203,7 @@ def test_env_gives_feedback_on_unreadable_calls_and_stops_at_max_turns():
 
 
 def test_parser_reads_content_calls_and_errors():
-    parser = plugins.get_component("parser", "{{ slug }}")
+    parser = get_component("parser", "{{ slug }}")
     turn = parser.parse(
         'Let me count.\n'
         '{"tool": "word_count", "arguments": {"text": "to be or not to be"}}\n'
@@ -227,7 +230,7 @@ def test_parser_reads_content_calls_and_errors():
     ],
 )
 def test_parser_never_raises(text):
-    parser = plugins.get_component("parser", "{{ slug }}")
+    parser = get_component("parser", "{{ slug }}")
     turn = parser.parse(text)
     assert turn.text == text and turn.tool_calls == []
 
@@ -239,7 +242,7 @@ def test_parser_round_trips_what_its_prompt_asks_for():
         """Upper-case a text."""
         return text.upper()
 
-    parser = plugins.get_component("parser", "{{ slug }}")
+    parser = get_component("parser", "{{ slug }}")
     prompt = parser.render_system_prompt("Be brief.", [function_tool(shout)])
     assert prompt.startswith("Be brief.") and '"name": "shout"' in prompt
     assert parser.render_system_prompt("Be brief.", []) == "Be brief."
