@@ -460,8 +460,8 @@ def test_a_run_time_plugin_in_conflict_is_named_by_its_plugin_name(plugin_manage
 def test_a_run_with_qualified_names_trains_and_resumes(tmp_path, intruder_dir, monkeypatch, tiny_model_dir):
     """The intruder takes the names a default arithmetic run uses; the run names the ones it
     means, and its saved config.yaml carries them into the resumed run."""
-    from rlfactory_core import trainer as T
     from rlfactory_core.config import load_config
+    from rlfactory_core.testing import train
 
     monkeypatch.syspath_prepend(str(intruder_dir))
     plugins.reset_plugins()
@@ -471,8 +471,8 @@ def test_a_run_with_qualified_names_trains_and_resumes(tmp_path, intruder_dir, m
              "rollout.max_tokens_per_turn=8", "logging.live=off", "logging.tensorboard=false"]
     names = ["env=rlfactory-plugin-arithmetic:arithmetic", "parser=rlfactory-plugin-qwen3:qwen3",
              "rewards=[{name: 'rlfactory:exact_match'}]"]
-    assert T.train(load_config([], [*small, *names, "train.steps=1", f"run_dir={run_dir}"])) == run_dir
-    T.train(load_config([run_dir / "config.yaml"], ["train.steps=2"]), resume=run_dir)
+    assert train(load_config([], [*small, *names, "train.steps=1", f"run_dir={run_dir}"])) == run_dir
+    train(load_config([run_dir / "config.yaml"], ["train.steps=2"]), resume=run_dir)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
     assert load_config([run_dir / "config.yaml"]).parser == "rlfactory-plugin-qwen3:qwen3"

@@ -9,14 +9,13 @@ import yaml
 from rich.console import Console
 
 from rlfactory_core import hookimpl
-from rlfactory_core import trainer as T
 from rlfactory_core.runs import new_run_dir
 from rlfactory_core.data import load_samples
 from rlfactory_core.task import build_env
 from rlfactory_core.config import load_config
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.preflight import preflight
-from rlfactory_core.testing import registered_plugin
+from rlfactory_core.testing import registered_plugin, train
 
 
 def _problem_lines(err: str) -> list[str]:
@@ -150,7 +149,7 @@ class _RecordingToolManager:
 
 def test_library_train_checks_first_and_closes_a_task_it_cannot_use(tmp_path):
     with pytest.raises(ConfigError) as info:
-        T.train(load_config([], [f"model.name={tmp_path / 'none'}", f"run_dir={tmp_path / 'run'}",
+        train(load_config([], [f"model.name={tmp_path / 'none'}", f"run_dir={tmp_path / 'run'}",
                                  "rewards=[{name: nah}]"]))
     assert [e.split(":")[0] for e in info.value.errors] == ["rewards[0]", "model.name"]
 
@@ -166,7 +165,7 @@ def test_library_train_checks_first_and_closes_a_task_it_cannot_use(tmp_path):
     console = Console(file=io.StringIO())
     with registered_plugin(Plugin()):
         with pytest.raises(ConfigError, match="data: the training set is empty"):
-            T.train(load_config([], ["env=empty_data", "tool_manager.name=recording", f"run_dir={tmp_path / 'run'}"]),
+            train(load_config([], ["env=empty_data", "tool_manager.name=recording", f"run_dir={tmp_path / 'run'}"]),
                     console=console)
     assert _RecordingToolManager.closed == 1  # an env's servers (MCP) do not outlive a run that never started
     assert console.file.getvalue() == "" and not (tmp_path / "run").exists()
