@@ -382,6 +382,7 @@ _REEXPORTED = {
     "RunConfig": "rlfactory_core.config",
     "build_task": "rlfactory_core.task",
     "train": "rlfactory_core.trainer",
+    "TrainingInterrupted": "rlfactory_core.trainer",
     "evaluate": "rlfactory_core.evaluation",
     "read_metrics": "rlfactory_core.metrics",
     "latest_checkpoint": "rlfactory_core.training.checkpoint",
