@@ -32,7 +32,9 @@ from .hookspecs import hookimpl
 from .interfaces import Env, ResponseParser, Reward, Tool, ToolManager, check_component, member
 from .plugins import get_component
 from .text import last_tag_content, tag_contents, without_reasoning
-from .tools import ToolArgumentsError, TransientToolError, function_tool, resolve_tools, run_in_tool_thread
+from .threads import run_in_tool_thread
+from .tool_resolution import resolve_tools
+from .tools import ToolArgumentsError, TransientToolError, function_tool
 from .types import (
     EnvReset,
     EnvStep,
@@ -132,9 +134,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'rlfactory_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next access is a plain lookup
-    return value
+    return getattr(importlib.import_module(module), name)
 
 
 def __dir__() -> list[str]:

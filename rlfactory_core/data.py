@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import random
@@ -11,6 +10,7 @@ from typing import Any
 
 from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
+from .interfaces import accepts, member
 
 __all__ = ["read_jsonl_samples", "load_samples", "batch_indices"]
 
@@ -44,17 +44,18 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
     if path:
         samples = read_jsonl_samples(path, split)
         return samples[:size] if size else samples
-    if not hasattr(env, "dataset"):
+    dataset = member("env", env, "dataset")
+    if dataset is None:
         raise ConfigError([f"data.{'train' if split == 'train' else 'eval'}_file: the {config.env!r} env has no "
                            "built-in data; give a JSONL file"])
-    if "split" not in inspect.signature(env.dataset).parameters:
+    if not accepts("env", dataset, "split"):
         # Without splits, evaluation would run on training samples: refuse rather than guess.
         raise ConfigError([f"data.eval_file: the {config.env!r} env's dataset() has no split; give JSONL files "
                            "(data.train_file, data.eval_file)"])
     # No size: the env's own default, e.g. all of a fixed dataset's split (a generator like
     # the arithmetic env picks its own number).
     try:
-        return list(env.dataset(split=split) if size is None else env.dataset(size=size, split=split))
+        return list(dataset(split=split) if size is None else dataset(size=size, split=split))
     except RLFactoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. a split the env does not have (`rlf eval --split dev`)

@@ -124,6 +124,9 @@ def run_problems(
             # The first argument is the env's tools, passed by the run, not an option.
             problems += _option_problems(manager_cls, options, "tool_manager.options",
                                          f"the {name!r} tool manager", skip=1)
+    ray_section = values.get("ray") if isinstance(values.get("ray"), Mapping) else {}
+    judge = ray_section.get("judge") if isinstance(ray_section.get("judge"), Mapping) else {}
+    pooled = set(judge.get("rewards") or []) if values.get("engine") == "ray" and purpose == "train" else set()
     for key in ("rewards", "eval.rewards"):
         section = values.get("eval") if key == "eval.rewards" else values
         specs = section.get(key.rsplit(".", 1)[-1]) if isinstance(section, Mapping) else None
@@ -133,6 +136,10 @@ def run_problems(
             if not isinstance(spec, Mapping):
                 continue
             reward_cls = _component(problems, "reward", spec.get("name"), f"{key}[{i}]")
+            if reward_cls is not None and spec.get("name") in pooled:
+                problem = judge_pool_problem(str(spec.get("name")), reward_cls)
+                if problem and problem not in problems:
+                    problems.append(problem)
             options = spec.get("options")
             if reward_cls is not None and isinstance(options, Mapping):
                 problems += _option_problems(reward_cls, options, f"{key}[{i}].options",
@@ -185,6 +192,17 @@ def _component(problems: list[str], kind: str, name: Any, key: str) -> Any:
         problems.append(f"{key}: {exc.message}")
     except RLFactoryError as exc:  # e.g. two plugins registering the name: the hint is the way out
         problems.append(f"{key}: {exc}")
+    return None
+
+
+def judge_pool_problem(name: str, reward_cls: Any) -> str | None:
+    """Why the ray engine's judge pool cannot score reward ``name``, or None. The pool holds
+    rewards that need no rollout state; one whose ``score`` takes a ``context`` (the env
+    state, the env's tools) must be scored in the rollout workers, where those live."""
+    score = getattr(reward_cls, "score", None)
+    if score is not None and "context" in inspect.signature(score).parameters:
+        return (f"ray.judge.rewards: {name!r} reads the env state or calls tools (its score takes a context), "
+                "which live in the rollout workers; score it there (remove it from ray.judge.rewards)")
     return None
 
 

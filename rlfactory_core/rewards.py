@@ -23,15 +23,16 @@ trajectories it applied to) and its components as ``reward/<name>/<component>``.
 (``RewardOutput.correct``, e.g. ``exact_match``); it is absent when no reward does.
 
 Per-turn (process) rewards: ``RewardOutput.turn_rewards`` (one float per model turn, in
-order) is weighted like the value and added to the trajectory's ``turn_rewards``, next to
-the env's own per-turn rewards; the trainer puts each turn's reward on that turn's last
-token (``rlfactory_core.trainer``), by the turn boundaries the rollout recorded.
+order) is weighted like the value and summed into :attr:`ScoredBatch.turn_rewards`; the
+trainer adds them to the env's own per-turn rewards (``trajectory.turn_rewards``) and puts
+each turn's reward on that turn's last token (:mod:`rlfactory_core.training.batch`), by the
+turn boundaries the rollout recorded. The reward layer never changes a trajectory.
 
 Failures: a reward that raises, returns something else, a non-finite number (as its value,
 a turn reward or a component), or takes
 longer than its ``timeout_s`` is a reward error: it scores the reward's ``fallback`` value
 for that trajectory, is counted (``reward/errors``, ``reward/errors/<name>``) and written to
-the trajectory's ``metadata["reward_errors"]``, and the step goes on.
+:attr:`ScoredBatch.reward_errors` (and the eval samples' ``reward_errors``), and the step goes on.
 
 Concurrency: each reward scores at most ``max_concurrency`` trajectories at a time (a judge
 model's endpoint sets how many requests it takes; a rule needs no limit). A synchronous
@@ -52,7 +53,7 @@ from typing import Any, Sequence
 
 from .errors import ConfigError, RLFactoryError, one_line
 from .interfaces import accepts, member
-from .tools import DaemonThreadPool
+from .threads import DaemonThreadPool
 from .types import RewardOutput, Sample, ToolCall, ToolResult, Trajectory
 
 __all__ = ["RewardContext", "RewardLayer", "ScoredBatch", "build_reward_layer"]
@@ -93,6 +94,11 @@ class ScoredBatch:
     correct: list[bool | None]  # None: no reward said
     errors: Counter[str]  # reward name -> errors in this batch
     applied: Counter[str]  # reward name -> trajectories it applied to (did not return None)
+    # per trajectory: the rewards' per-turn rewards, weighted and summed (one per model turn;
+    # empty when no reward gave any), added to the env's own by the trainer
+    turn_rewards: list[list[float]] = field(default_factory=list)
+    # per trajectory: "<reward>: <why>" for each reward that failed on it (it scored its fallback)
+    reward_errors: list[list[str]] = field(default_factory=list)
 
     def metrics(self, prefix: str) -> dict[str, float]:
         """``<prefix>/mean``, ``/std``, ``/accuracy`` (when known), ``/errors``, each
@@ -151,12 +157,14 @@ class RewardLayer:
 
     async def score(self, trajectories: Sequence[Trajectory], samples: Sequence[Sample]) -> ScoredBatch:
         """Score every trajectory (``samples[i]`` is trajectory ``i``'s sample) with every
-        reward, all at once within each reward's concurrency limit. Adds the rewards'
-        per-turn rewards to ``trajectory.turn_rewards``. Never raises for a failing reward."""
+        reward, all at once within each reward's concurrency limit. The trajectories are not
+        changed: everything the rewards say is in the returned batch (per-turn rewards and
+        reward errors too). Never raises for a failing reward."""
         errors: Counter[str] = Counter()
         batch = ScoredBatch(totals=[0.0] * len(trajectories), components=[{} for _ in trajectories],
                             correct=[None] * len(trajectories), errors=errors,
-                            applied=Counter({s.name: 0 for s in self._scorers}))
+                            applied=Counter({s.name: 0 for s in self._scorers}),
+                            turn_rewards=[[] for _ in trajectories], reward_errors=[[] for _ in trajectories])
 
         async def one(row: int, scorer: _Scorer) -> None:
             trajectory, sample = trajectories[row], samples[row]
@@ -166,7 +174,7 @@ class RewardLayer:
                 errors[scorer.name] += 1
                 reason = (f"timed out after {scorer.timeout_s:g} s" if isinstance(exc, TimeoutError)
                           else one_line(exc))
-                trajectory.metadata.setdefault("reward_errors", []).append(f"{scorer.name}: {reason}")
+                batch.reward_errors[row].append(f"{scorer.name}: {reason}")
                 output = RewardOutput(value=scorer.fallback)
             if output is None:  # does not apply to this sample
                 return
@@ -180,7 +188,8 @@ class RewardLayer:
             if output.correct is not None:
                 batch.correct[row] = bool(output.correct) and batch.correct[row] is not False
             if output.turn_rewards:
-                _add_turn_rewards(trajectory, [scorer.weight * r for r in output.turn_rewards])
+                _add_turn_rewards(batch.turn_rewards[row], trajectory.num_turns,
+                                  [scorer.weight * r for r in output.turn_rewards])
 
         await asyncio.gather(*(one(row, scorer) for scorer in self._scorers for row in range(len(trajectories))))
         return batch
@@ -261,14 +270,13 @@ def _as_output(name: str, result: Any) -> RewardOutput | None:
     return output
 
 
-def _add_turn_rewards(trajectory: Trajectory, rewards: Sequence[float]) -> None:
-    """Add per-model-turn ``rewards`` to the trajectory's (which has one per finished
-    turn, from the env); rewards past its last model turn are dropped."""
-    turns = trajectory.num_turns
-    while len(trajectory.turn_rewards) < turns:
-        trajectory.turn_rewards.append(0.0)
+def _add_turn_rewards(total: list[float], turns: int, rewards: Sequence[float]) -> None:
+    """Add per-model-turn ``rewards`` to ``total`` (grown to the trajectory's ``turns``);
+    rewards past its last model turn are dropped."""
+    while len(total) < turns:
+        total.append(0.0)
     for i, reward in enumerate(rewards[:turns]):
-        trajectory.turn_rewards[i] += float(reward)
+        total[i] += float(reward)
 
 
 def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None, *, make_reward: Any = None) -> RewardLayer:

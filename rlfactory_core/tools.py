@@ -1,4 +1,8 @@
-"""Tools: from plain Python functions, from qwen-agent tools, and from names.
+"""Tools from plain Python functions, and the rules every tool call's text obeys.
+
+A leaf module of the core: it imports nothing that imports it back. Threads for sync
+tools are :mod:`rlfactory_core.threads`; turning names and qwen-agent tools into tools is
+:mod:`rlfactory_core.tool_resolution`.
 
 ``function_tool(fn)`` turns a sync or async function into a :class:`~rlfactory_core.interfaces.Tool`:
 the JSON schema comes from the type hints (through pydantic, which also validates the
@@ -6,39 +10,19 @@ arguments before the call), the description from the docstring's first paragraph
 each parameter's description from an ``Args:`` section or ``:param name:`` lines.
 A parameter named ``ctx`` is not part of the schema; it receives the call context.
 
-``QwenAgentTool(base_tool)`` adapts a qwen-agent ``BaseTool``; :func:`resolve_tools` turns a
-list of specs (tool objects, functions, qwen-agent tools, registered or built-in names)
-into tools. qwen-agent is optional and imported only when a spec needs it.
-
-Sync functions (function tools and every qwen-agent tool) run in a dedicated pool of
-:data:`TOOL_THREADS` daemon threads, never in asyncio's small default executor, so a few
-hanging tools cannot starve the others or block ``asyncio.run``'s shutdown. A thread
-running a hung sync function cannot be killed: the tool manager's timeout frees the
-trajectory, not the thread, which stays busy until the function returns (and enough hung
-threads exhaust the pool). Write tools that may block for long as ``async def``, where a
-timeout really cancels the work.
+Sync functions run in the tool thread pool (:func:`rlfactory_core.threads.run_in_tool_thread`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextvars
-import copy
-import functools
 import inspect
 import json
-import logging
-import os
-import queue
 import re
-import sys
-import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import pydantic
 
-from .errors import ConfigError, DuplicateComponentError, UnknownComponentError
+from .threads import run_in_tool_thread
 from .types import ToolResult
 
 __all__ = [
@@ -48,17 +32,7 @@ __all__ = [
     "TransientToolError",
     "invalid_text",
     "valid_text",
-    "DaemonThreadPool",
-    "QwenAgentTool",
-    "resolve_tools",
-    "run_in_tool_thread",
-    "TOOL_THREADS",
 ]
-
-log = logging.getLogger("rlfactory.tools")
-
-#: Worker threads of the pool that runs sync tools (shared by the whole process).
-TOOL_THREADS = 64
 
 
 class ToolArgumentsError(ValueError):
@@ -150,81 +124,6 @@ def valid_text(text: str) -> str:
     if _surrogate_at(text) is None:
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-# -- the thread pool for sync tools -------------------------------------------------------
-
-
-class DaemonThreadPool(concurrent.futures.Executor):
-    """A minimal thread pool whose workers are daemon threads.
-
-    ``ThreadPoolExecutor`` joins its workers at interpreter exit, so a single hung tool
-    would keep a finished training run from exiting; a daemon worker does not. Threads are
-    started on demand, up to ``max_workers``, and reused.
-    """
-
-    def __init__(self, max_workers: int, thread_name_prefix: str):
-        self.max_workers = max_workers
-        self._prefix = thread_name_prefix
-        self._lock = threading.Lock()
-        self._reset()
-
-    def _reset(self) -> None:
-        self._pid = os.getpid()
-        self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._started = 0
-        self._shutdown = False
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        with self._lock:
-            if self._pid != os.getpid():
-                self._reset()  # a forked child inherits the queue but none of the threads
-            if self._shutdown:
-                raise RuntimeError("cannot run a tool after the tool thread pool was shut down")
-            future: concurrent.futures.Future = concurrent.futures.Future()
-            self._work.put((future, fn, args, kwargs))
-            # Like ThreadPoolExecutor: start a thread only when none is idle to take the work.
-            if not self._idle.acquire(blocking=False) and self._started < self.max_workers:
-                self._started += 1
-                threading.Thread(target=self._worker, name=f"{self._prefix}_{self._started}", daemon=True).start()
-            return future
-
-    def _worker(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            del item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as exc:  # noqa: BLE001 - delivered to the awaiting coroutine
-                    future.set_exception(exc)
-            # Drop references before idling so an idle worker keeps no arguments alive.
-            del future, fn, args, kwargs
-            self._idle.release()
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._shutdown = True
-            for _ in range(self._started):
-                self._work.put(None)
-
-
-_TOOL_POOL = DaemonThreadPool(TOOL_THREADS, thread_name_prefix="rlf-tool")
-
-
-async def run_in_tool_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-    """Run the sync ``fn(*args, **kwargs)`` in the tool thread pool and await its result.
-
-    The caller's context variables are visible in the thread, as with ``asyncio.to_thread``.
-    Cancelling the await does not stop a function that is already running.
-    """
-    loop = asyncio.get_running_loop()
-    context = contextvars.copy_context()
-    return await loop.run_in_executor(_TOOL_POOL, functools.partial(context.run, fn, *args, **kwargs))
 
 
 # -- tools from functions -----------------------------------------------------------------
@@ -324,209 +223,3 @@ def function_tool(fn: Callable[..., Any] | None = None, *, name: str | None = No
     if fn is None:
         return lambda f: FunctionTool(f, name=name, description=description)
     return FunctionTool(fn, name=name, description=description)
-
-
-# -- qwen-agent tools ---------------------------------------------------------------------
-
-_QWEN_MISSING_HINT = "`pip install qwen-agent` adds qwen-agent's built-in tools (storage, code_interpreter, ...)"
-
-
-def _qwen_base_tool_class() -> type | None:
-    """qwen-agent's ``BaseTool`` if qwen-agent is already imported, else None.
-
-    Nothing can be a qwen-agent tool before qwen-agent was imported, so looking in
-    ``sys.modules`` answers "is this a qwen-agent tool?" without importing it.
-    """
-    module = sys.modules.get("qwen_agent.tools.base")
-    return getattr(module, "BaseTool", None)
-
-
-def _qwen_tool_registry() -> dict[str, type] | None:
-    """qwen-agent's built-in tools by name, or None when qwen-agent is not installed."""
-    try:
-        from qwen_agent.tools import TOOL_REGISTRY
-    except ImportError:
-        return None
-    except OSError as exc:  # installed, but a native library it loads (libsndfile) is missing
-        log.warning("qwen-agent is installed but cannot be imported, its built-in tools are unavailable: %s", exc)
-        return None
-    return TOOL_REGISTRY
-
-
-def _qwen_parameters_schema(parameters: Any) -> dict[str, Any]:
-    """qwen-agent's parameters as a JSON schema object.
-
-    qwen-agent accepts either a JSON schema or its older list form,
-    ``[{"name", "type", "description", "required"}, ...]``.
-    """
-    if isinstance(parameters, dict):
-        return copy.deepcopy(parameters)
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for param in parameters or []:
-        name = param["name"]
-        properties[name] = {k: copy.deepcopy(v) for k, v in param.items() if k not in ("name", "required")}
-        if param.get("required"):
-            required.append(name)
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def _qwen_result_text(value: Any) -> str:
-    """A qwen-agent tool's return value as text for the model."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value:
-        from qwen_agent.llm.schema import ContentItem
-
-        if all(isinstance(item, ContentItem) for item in value):
-            # Non-text items (images, files) are named rather than silently dropped.
-            return "\n".join(item.text if item.type == "text" else f"[{item.type}: {item.value}]" for item in value)
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
-class QwenAgentTool:
-    """A qwen-agent ``BaseTool`` instance as a :class:`~rlfactory_core.interfaces.Tool`.
-
-    ``parameters`` is the tool's JSON schema (qwen-agent's list form is converted). The
-    sync ``base_tool.call(json_arguments)`` runs in the tool thread pool; a str result is the
-    content, a list of ``ContentItem`` is joined text, anything else is JSON-encoded.
-    Exceptions propagate, for the tool manager to report.
-    """
-
-    def __init__(self, base_tool: Any):
-        base_class = _qwen_base_tool_class()
-        if base_class is None or not isinstance(base_tool, base_class):
-            raise TypeError(f"QwenAgentTool needs a qwen-agent BaseTool instance, got {base_tool!r}")
-        self.base_tool = base_tool
-        self.name: str = base_tool.name
-        self.description: str = base_tool.description or ""
-        self.parameters: dict[str, Any] = _qwen_parameters_schema(base_tool.parameters)
-
-    async def call(self, arguments: dict[str, Any], ctx: dict[str, Any] | None = None) -> ToolResult:
-        value = await run_in_tool_thread(self.base_tool.call, json.dumps(arguments, ensure_ascii=False))
-        return ToolResult(name=self.name, content=_qwen_result_text(value))
-
-    def __repr__(self) -> str:
-        return f"<QwenAgentTool {self.name}>"
-
-
-def _make_qwen_tool(tool_class: type, cfg: dict[str, Any] | None, label: str) -> QwenAgentTool:
-    try:
-        base_tool = tool_class(cfg) if cfg is not None else tool_class()
-    except Exception as exc:  # noqa: BLE001 - e.g. a missing API key: say which tool and why
-        raise ConfigError(
-            [f"qwen-agent tool {label} could not be created: {type(exc).__name__}: {exc}"],
-            hint="pass its settings as (name, cfg) or {'name': ..., 'cfg': {...}}",
-        ) from exc
-    return QwenAgentTool(base_tool)
-
-
-# -- resolving tool specs -----------------------------------------------------------------
-
-
-def _tool_by_name(name: str, cfg: dict[str, Any] | None) -> Any:
-    from .plugins import components, get_component  # here: plugins imports this module
-
-    if cfg is None:
-        try:
-            return get_component("tool", name)
-        except UnknownComponentError:
-            pass  # maybe a qwen-agent built-in
-    elif name in components("tool"):
-        raise ConfigError([f"tool {name!r} is registered by a plugin and takes no cfg"],
-                          hint="a cfg is only for qwen-agent built-in tools")
-    registry = _qwen_tool_registry()
-    if registry is not None and name in registry:
-        return _make_qwen_tool(registry[name], cfg, repr(name))
-    registered = ", ".join(sorted(components("tool"))) or "none"
-    if registry is None:
-        message = f"no tool named {name!r} (registered tools: {registered})"
-        hint = f"install the plugin that provides it; {_QWEN_MISSING_HINT}"
-    else:
-        builtins = ", ".join(sorted(registry))
-        message = f"no tool named {name!r} (registered tools: {registered}; qwen-agent built-in tools: {builtins})"
-        hint = "install the plugin that provides it; `rlf plugins list` shows what is loaded"
-    raise UnknownComponentError(message, hint=hint)
-
-
-def _resolve_one(spec: Any) -> Any:
-    base_class = _qwen_base_tool_class()
-    if isinstance(spec, str):
-        return _tool_by_name(spec, None)
-    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict):
-        return _resolve_with_cfg(spec[0], spec[1])
-    if isinstance(spec, dict):
-        unknown = set(spec) - {"name", "cfg"}
-        if "name" not in spec or unknown:
-            raise ConfigError([f"a tool given as a dict needs 'name' and may have 'cfg', got keys {sorted(spec)}"])
-        cfg = spec.get("cfg")
-        if cfg is not None and not isinstance(cfg, dict):
-            raise ConfigError([f"the cfg of tool {spec['name']!r} must be a dict, got {type(cfg).__name__}"])
-        return _resolve_with_cfg(spec["name"], cfg) if cfg is not None else _resolve_one(spec["name"])
-    if base_class is not None and isinstance(spec, base_class):
-        return QwenAgentTool(spec)
-    if base_class is not None and inspect.isclass(spec) and issubclass(spec, base_class):
-        return _make_qwen_tool(spec, None, spec.__name__)
-    if hasattr(spec, "call"):
-        from .interfaces import check_component
-
-        check_component("tool", spec)  # names what is missing, e.g. "method 'call' must be 'async def'"
-        return spec
-    if inspect.isfunction(spec) or inspect.ismethod(spec):
-        return function_tool(spec)
-    raise TypeError(
-        f"cannot make a tool from {spec!r}: expected a tool object (name, description, parameters, "
-        "async call), a function, a qwen-agent BaseTool, a tool name, or (name, cfg)"
-    )
-
-
-def _resolve_with_cfg(name: Any, cfg: dict[str, Any]) -> Any:
-    base_class = _qwen_base_tool_class()
-    if base_class is not None and inspect.isclass(name) and issubclass(name, base_class):
-        return _make_qwen_tool(name, cfg, name.__name__)
-    if not isinstance(name, str):
-        raise TypeError(f"a (name, cfg) tool spec needs a tool name or a qwen-agent BaseTool class, got {name!r}")
-    return _tool_by_name(name, cfg)
-
-
-def resolve_tools(specs: Iterable[Any]) -> list[Any]:
-    """Turn tool specs into :class:`~rlfactory_core.interfaces.Tool` objects, in order.
-
-    Each spec is one of:
-
-    * a tool object (``name``, ``description``, ``parameters`` and ``async call``): kept;
-    * a plain function, sync or async: wrapped with :func:`function_tool`;
-    * a qwen-agent ``BaseTool`` instance, or subclass (instantiated without cfg): adapted
-      with :class:`QwenAgentTool`;
-    * a name: a tool registered by a plugin, else a qwen-agent built-in tool
-      (``qwen_agent.tools.TOOL_REGISTRY``, e.g. ``"storage"``);
-    * ``(name, cfg)`` or ``{"name": name, "cfg": cfg}``: a qwen-agent built-in (or
-      ``BaseTool`` subclass) created with ``cfg``.
-
-    Raises :class:`~rlfactory_core.errors.UnknownComponentError` for a name nothing
-    provides, :class:`~rlfactory_core.errors.DuplicateComponentError` when two specs give
-    the same tool name, and ``TypeError`` for a spec that is none of the above.
-    """
-    if isinstance(specs, (str, bytes, dict)):
-        raise TypeError(f"resolve_tools expects a list of tool specs, got a {type(specs).__name__}: {specs!r}")
-    tools = [_resolve_one(spec) for spec in specs]
-    _check_unique_names(tools)
-    return tools
-
-
-def _check_unique_names(tools: Iterable[Any]) -> None:
-    seen: set[str] = set()
-    duplicates: list[str] = []
-    for tool in tools:
-        if tool.name in seen and tool.name not in duplicates:
-            duplicates.append(tool.name)
-        seen.add(tool.name)
-    if duplicates:
-        raise DuplicateComponentError(
-            f"more than one tool named {', '.join(map(repr, duplicates))} in one tool list",
-            hint="each tool name may appear once: the model calls tools by name",
-        )
-

@@ -27,8 +27,9 @@ One training step:
    ``grpo.micro_batch_tokens`` tokens (trajectories sorted by length, so little padding,
    or packed without any; see Batching below). The loss normalisers are the mini-batch's,
    so accumulation does not change the objective. bf16 autocast, gradient clipping, AdamW,
-   the LR schedule stepped per step. Only model tokens carry loss. With ``grpo.kl_coef > 0`` a frozen reference model (or,
-   with LoRA, the model with its adapters off) gives the KL term.
+   the LR schedule stepped per step. Only model tokens carry loss. With ``grpo.kl_coef > 0``
+   a frozen reference model (or, with LoRA, the model with its adapters off) gives the KL
+   term.
 7. **Weight sync**: the new weights go to the generation backend in place (vLLM: loaded
    into the running engine; hf: copied between requests), no restart.
 8. **Metrics** (JSONL, TensorBoard, W&B) and the live view; loud warnings when the model
@@ -55,8 +56,8 @@ newest checkpoint with the same data order. The engines' own output goes to the 
 ``log.txt`` (``rlfactory_core.logs``, set up by the CLI).
 
 Batching (:mod:`rlfactory_core.training.batch`): the rollout batch travels as a
-``tensordict.TensorDict`` (one row per trajectory). Micro-batches are trajectories of similar length; the vocabulary projection is
-applied only at the positions of sampled tokens. ``attn_implementation`` resolves to
+``tensordict.TensorDict`` (one row per trajectory). Micro-batches are trajectories of similar
+length; the vocabulary projection is applied only at the positions of sampled tokens. ``attn_implementation`` resolves to
 ``flash_attention_2`` on a GPU with ``flash-attn`` installed (the ``gpu`` extra), else SDPA.
 With flash-attention, micro-batches are packed (``grpo.packing``): the trajectories are
 concatenated into one row with positions restarting at each, so no padding is computed and
@@ -79,8 +80,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .config import RunConfig
+from .data import batch_indices, load_samples
+from .engines import build_driver_task, make_engine, rollout_config_for
 from .errors import ConfigError, RLFactoryError
+from .evaluation import eval_summary, run_eval, tool_metrics
+from .logs import LOG_FILE, log_to
+from .metrics import LiveView, MetricsLogger
+from .models import check_images, load_tokenizer, resolve_model
 from .plugins import notify
+from .preflight import raise_problems, run_problems
+from .rollout import rollout_metrics
+from .runs import new_run_dir, write_run_files
+from .stopping import PhaseDropped, RunStopper
+from .training.batch import build_batch
+from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 
 __all__ = ["train", "TrainingInterrupted"]
 
@@ -99,26 +112,12 @@ def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, co
     Every problem :mod:`rlfactory_core.preflight` can see is raised first, together (one
     :class:`ConfigError`); then the task and the data are built and the model resolved;
     only then is the run announced on ``console`` and its directory written."""
-    from .preflight import raise_problems, run_problems
-
     raise_problems(run_problems(config, purpose="train", resume=resume))
     return asyncio.run(_train(config, resume=Path(resume) if resume else None, console=console))
 
 
 async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Path:
     import torch
-
-    from .data import batch_indices, load_samples
-    from .engines import build_driver_task, make_engine, rollout_config_for
-    from .evaluation import eval_summary, run_eval
-    from .logs import LOG_FILE, log_to
-    from .metrics import LiveView, MetricsLogger
-    from .runs import new_run_dir, write_run_files
-    from .models import check_images, load_tokenizer, resolve_model
-    from .stopping import PhaseDropped, RunStopper
-    from .training.batch import build_batch
-    from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
-
     # ---- the task, the data and the model: every check that needs them, before the run is
     # announced or anything written (the config's own checks ran in train()).
     checkpoint = latest_checkpoint(resume) if resume is not None else None
@@ -273,9 +272,6 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
 def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, advantages: Any,
                   times: dict[str, float], batch_tokens: float) -> dict[str, float]:
     """The step's rewards, advantages, rollout and tool statistics and throughputs."""
-    from .evaluation import tool_metrics
-    from .rollout import rollout_metrics
-
     metrics = scored.metrics("reward")
     groups: dict[int, list[float]] = {}
     for trajectory, total in zip(trajectories, scored.totals):

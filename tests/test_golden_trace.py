@@ -74,7 +74,7 @@ def _weights_checksum(model_dir: Path) -> list[float]:
 
 def _run(tmp_path: Path, model_dir: Path) -> dict:
     from rlfactory_core.config import load_config
-    from rlfactory_core.trainer import train
+    from rlfactory_core.testing import train
 
     run_dir = tmp_path / "run"
     config = load_config([], [

@@ -21,7 +21,6 @@ pytest.importorskip("ray")
 import ray  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from rlfactory_core import trainer as T  # noqa: E402
 from rlfactory_core.engines import rollout_config_for  # noqa: E402
 from rlfactory_core.engines.local import LocalEngine  # noqa: E402
 from rlfactory_core.training.batch import build_batch, micro_batches  # noqa: E402
@@ -33,6 +32,7 @@ from rlfactory_core.engines.ray import RayEngine  # noqa: E402
 from rlfactory_core.engines.ray.actors import SharedTool, ToolActor  # noqa: E402
 from rlfactory_core.engines.ray.engine import chunks, remote  # noqa: E402
 from rlfactory_core.task import build_task  # noqa: E402
+from rlfactory_core.testing import train  # noqa: E402
 from rlfactory_core.types import ToolCall  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -262,7 +262,7 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
                               "ray.rollout.cpus=0.45",
                               "ray.tool_actors.names=[calculator]", "ray.tool_actors.cpus=0.01",
                               "ray.judge.rewards=[exact_match]", "ray.judge.cpus=0.01"])
-    T.train(config)
+    train(config)
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if m.get("train/optimizer_steps")]
     assert [m["step"] for m in steps] == [1, 2]
@@ -276,7 +276,7 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
 
     local = copy.deepcopy(config).model_copy(update={"engine": "local"})
     local.train.steps = 3
-    T.train(local, resume=run_dir)
+    train(local, resume=run_dir)
     assert latest_checkpoint(run_dir).name == "step-000003"
     assert [m["step"] for m in read_metrics(run_dir) if m.get("train/optimizer_steps")] == [1, 2, 3]
 
@@ -289,10 +289,10 @@ def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ra
     config = tiny_config(tiny_model_dir, "engine=local", "train.steps=1", "data.eval_size=2", "eval.every=0",
                          f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3",
                          "ray.placement=separate")
-    T.train(config)
+    train(config)
     on_ray = config.model_copy(update={"engine": "ray"})
     on_ray.train.steps = 2
-    T.train(on_ray, resume=run_dir)
+    train(on_ray, resume=run_dir)
     assert "2 trainer rank(s), 1 rollout worker(s), placement separate" in capsys.readouterr().out
     assert latest_checkpoint(run_dir).name == "step-000002"
     resumed = [m for m in read_metrics(run_dir) if m.get("train/optimizer_steps")]

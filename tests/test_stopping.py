@@ -244,7 +244,7 @@ def test_a_second_ctrl_c_stops_without_saving(tmp_path, plugin_env, tiny_model_d
 
 def test_ctrl_c_during_an_update_finishes_and_saves_that_step(tmp_path, tiny_model_dir, monkeypatch):
     # In this process: the signal arrives while step 1's update runs (it cannot be undone half-way).
-    from rlfactory_core import trainer as T
+    from rlfactory_core.testing import TrainingInterrupted, train
     from rlfactory_core.config import load_config
     from rlfactory_core.engines import local as local_engine
     from rlfactory_core.training.update import update_policy
@@ -260,8 +260,8 @@ def test_ctrl_c_during_an_update_finishes_and_saves_that_step(tmp_path, tiny_mod
     run_dir = tmp_path / "run"
     config = load_config([], ["env=arithmetic", *RUN, "eval.every=1", "train.steps=3", "checkpoint.every=1000",
                               "logging.live=off", f"model.name={tiny_model_dir}", f"run_dir={run_dir}"])
-    with pytest.raises(T.TrainingInterrupted) as stopped:
-        T.train(config)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(config)
     assert stopped.value.exit_code == 130
     assert stopped.value.message.startswith("step 1 is saved")
     assert latest_checkpoint(run_dir).name == "step-000001"

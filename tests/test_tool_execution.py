@@ -20,14 +20,9 @@ from rlfactory_core import hookimpl
 from rlfactory_core.default_plugins.tool_managers import ERROR_KINDS, ConcurrentToolManager
 from rlfactory_core.errors import ConfigError, DuplicateComponentError, RegistrationError, UnknownComponentError
 from rlfactory_core.testing import registered_plugin
-from rlfactory_core.tools import (
-    FunctionTool,
-    QwenAgentTool,
-    TransientToolError,
-    function_tool,
-    resolve_tools,
-    run_in_tool_thread,
-)
+from rlfactory_core.threads import run_in_tool_thread
+from rlfactory_core.tool_resolution import QwenAgentTool, resolve_tools
+from rlfactory_core.tools import FunctionTool, TransientToolError, function_tool
 from rlfactory_core.types import ToolCall, ToolResult
 
 pytest.importorskip("qwen_agent.tools")
@@ -304,7 +299,7 @@ async def test_sync_tools_run_in_the_dedicated_pool_with_the_callers_context():
 def test_the_pool_threads_are_daemons_so_a_hung_tool_cannot_block_exit():
     code = (
         "import asyncio, threading\n"
-        "from rlfactory_core.tools import run_in_tool_thread\n"
+        "from rlfactory_core.threads import run_in_tool_thread\n"
         "async def main():\n"
         "    try:\n"
         "        await asyncio.wait_for(run_in_tool_thread(threading.Event().wait), 0.05)\n"
@@ -866,7 +861,8 @@ def test_without_qwen_agent_an_unknown_name_says_how_to_get_its_builtins(plugin_
 
 
 def test_importing_the_tool_layer_imports_neither_qwen_agent_nor_jsonschema():
-    code = ("import sys, rlfactory_core.tools, rlfactory_core.default_plugins.tool_managers\n"
+    code = ("import sys, rlfactory_core.tools, rlfactory_core.tool_resolution, "
+            "rlfactory_core.default_plugins.tool_managers\n"
             "print(sorted(m for m in ('qwen_agent', 'jsonschema') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr

@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from rlfactory_core import trainer as T
 from rlfactory_core.data import batch_indices, load_samples
 from rlfactory_core.engines import local as local_engine
 from rlfactory_core.engines.local import backend_for
@@ -25,7 +24,7 @@ from rlfactory_core.errors import ConfigError
 from rlfactory_core.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlfactory_core.config import load_config
 from rlfactory_core.hookspecs import hookimpl
-from rlfactory_core.testing import registered_plugin
+from rlfactory_core.testing import registered_plugin, train
 from rlfactory_core.metrics import read_metrics
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.types import Segment, Trajectory
@@ -285,7 +284,7 @@ def test_rng_state_is_restored(tmp_path, default_model_dir):
 def test_no_checkpoint_to_resume_is_a_clear_error(tmp_path):
     config = load_config([], [f"run_dir={tmp_path}"])
     with pytest.raises(Exception, match="has no checkpoint to resume from"):
-        T.train(config, resume=tmp_path)
+        train(config, resume=tmp_path)
 
 
 # --------------------------------------------------------------------------- whole runs
@@ -318,16 +317,13 @@ class Observer:
 
 
 @pytest.mark.slow
-@pytest.mark.exercises_hook("rlfactory_on_train_start")
-@pytest.mark.exercises_hook("rlfactory_on_train_step_end")
-@pytest.mark.exercises_hook("rlfactory_on_train_end")
 def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, tiny_model_dir):
     # the mechanics of a run, not learning: a tiny model with the default model's tokenizer
     run_dir = tmp_path / "run"
     config = load_config([], [*SMALL_RUN, f"model.name={tiny_model_dir}", "train.steps=2", f"run_dir={run_dir}"])
     observer = Observer()
     with registered_plugin(observer, "observer"):
-        assert T.train(config) == run_dir
+        assert train(config) == run_dir
     assert observer.calls == [("start", "arithmetic"), ("step", 1, True), ("step", 2, True), ("end", 2, True)]
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -349,7 +345,7 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
 
     # the same run, continued: two more steps, the data order of an uninterrupted run
     longer = load_config([run_dir / "config.yaml"], ["train.steps=4"])
-    T.train(longer, resume=run_dir)
+    train(longer, resume=run_dir)
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     train_ids = [s["id"] for s in load_samples(longer, _env(), "train", None)]
@@ -450,7 +446,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     # a tiny random model earns equal rewards (no advantage): the entropy bonus still moves the adapters
     lora = ["model.lora.enabled=true", "model.lora.r=4", "train.lr=1e-3", "grpo.kl_coef=0.05", "eval.every=0",
             "grpo.entropy_coef=0.01", f"model.name={tiny_model_dir}"]
-    T.train(load_config([], [*SMALL_RUN, *lora, "train.steps=2", f"run_dir={run_dir}"]))
+    train(load_config([], [*SMALL_RUN, *lora, "train.steps=2", f"run_dir={run_dir}"]))
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[2]["train/kl"] > 0  # the reference is the model with its adapters off
@@ -466,7 +462,7 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     served = backends[0]._model.state_dict()
     assert torch.allclose(served[name].float(), merged[name].float(), atol=1e-5)
 
-    T.train(load_config([run_dir / "config.yaml"], ["train.steps=3"]), resume=run_dir)
+    train(load_config([run_dir / "config.yaml"], ["train.steps=3"]), resume=run_dir)
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]
     assert (latest_checkpoint(run_dir) / "adapter").is_dir()
 
@@ -545,7 +541,7 @@ class _SearchOnlyParser:
 
 def test_an_env_that_takes_a_parser_gets_the_runs_and_a_parser_that_cannot_show_its_tools_is_refused():
     from rlfactory_core import hookimpl
-    from rlfactory_core.testing import registered_plugin
+    from rlfactory_core.testing import registered_plugin, train
 
     class Plugin:
         @hookimpl
@@ -594,7 +590,7 @@ def test_a_step_without_tool_calls_or_reward_differences_warns_and_its_run_evalu
                               "rollout.max_turns=1", "rollout.max_tokens_per_turn=8", "logging.live=off",
                               "logging.tensorboard=false", "train.steps=1", f"run_dir={run_dir}"])
     output = io.StringIO()
-    T.train(config, console=Console(file=output, width=300))
+    train(config, console=Console(file=output, width=300))
     text = output.getvalue()
     assert "warning: step 1: the model made no tool call in 2 trajectories although the env offers tools" in text
     assert "warning: step 1: every group's rewards are constant (all 0)" in text

@@ -12,7 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from rlfactory_core import trainer as T
+from rlfactory_core.training.batch import build_batch, rows_of
+from rlfactory_core.training.logprobs import token_logprobs
 from rlfactory_core.errors import ConfigError, ModelError
 from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, run_trajectory
 from rlfactory_core.rollout.backends.hf import HFBackend
@@ -239,12 +240,14 @@ async def test_the_trainer_scores_the_sampled_tokens_with_the_same_images(vlm, p
 
     chat, model, processor = vlm
     trajectories = await _rollout_with_images(chat, model, processor, temperature=0.7)
+    for trajectory in trajectories:
+        trajectory.group = 0  # one group of two, as a rollout would make it
     config = load_config([], ["rollout.sampling.temperature=0.7", "grpo.group_size=2"])
-    batch = T._build_batch(trajectories, [0.0, 1.0], config, pad_id=0, processor=processor)
+    batch = build_batch(trajectories, [0.0, 1.0], config, pad_id=0, processor=processor)
     assert batch["image_counts"].tolist() == [3, 3]
-    micro = T._rows_of(batch, [1, 0])
+    micro = rows_of(batch, [1, 0])
     with torch.no_grad():
-        logprobs, _ = T._token_logprobs(model, micro, bf16=False, entropy=False, packed=packed, temperature=0.7)
+        logprobs, _ = token_logprobs(model, micro, bf16=False, entropy=False, packed=packed, temperature=0.7)
     for position, row in enumerate([1, 0]):  # the micro-batch's rows are the batch's 1 and 0
         sampled = torch.tensor([lp for s in trajectories[row].segments if s.kind == "model" for lp in s.logprobs])
         ours = logprobs[position][micro["loss_mask"][position].bool()]
@@ -252,23 +255,24 @@ async def test_the_trainer_scores_the_sampled_tokens_with_the_same_images(vlm, p
     # without the images the same tokens score differently: the pixels matter
     del micro["image_inputs"]
     with torch.no_grad():
-        blind, _ = T._token_logprobs(model, micro.exclude("image_counts"), bf16=False, entropy=False,
+        blind, _ = token_logprobs(model, micro.exclude("image_counts"), bf16=False, entropy=False,
                                      packed=packed, temperature=0.7)
     assert (blind - logprobs).abs().max() > 1e-3
 
 
 def test_an_env_that_shows_images_needs_a_vision_model_and_the_local_engine(default_model_dir, tiny_vlm_dir):
     from rlfactory_core.config import load_config
+    from rlfactory_core.models import check_images
 
     config = load_config([], ["env=arithmetic"])
     with pytest.raises(ConfigError, match="the arithmetic env shows the model images, but 'llama' is a text-only model"):
-        T._check_images(config, _ScreenEnv(), default_model_dir)
-    assert T._check_images(config, _ScreenEnv(), tiny_vlm_dir) is not None
-    assert T._check_images(config, object(), default_model_dir) is None
+        check_images(config, _ScreenEnv(), default_model_dir)
+    assert check_images(config, _ScreenEnv(), tiny_vlm_dir) is not None
+    assert check_images(config, object(), default_model_dir) is None
     ray = load_config([], ["env=arithmetic", "engine=ray"])
     with pytest.raises(ConfigError, match="ray engine"):
-        T._check_images(ray, _ScreenEnv(), tiny_vlm_dir)
-    assert T._check_images(ray, _ScreenEnv(), tiny_vlm_dir, training=False) is not None  # rlf eval runs locally
+        check_images(ray, _ScreenEnv(), tiny_vlm_dir)
+    assert check_images(ray, _ScreenEnv(), tiny_vlm_dir, training=False) is not None  # rlf eval runs locally
 
 
 def test_image_runs_collapse_to_one_placeholder_per_image():
@@ -298,14 +302,14 @@ async def test_vision_architectures_not_tested_end_to_end_are_refused(vlm, tiny_
     """Only architectures in VISION_MODEL_TYPES (with a tower in VISION_TOWER_TYPES) take
     images: another one (here LLaVA itself, struck off the list) is refused by the config
     check and the backend, not run approximately; a text-only model by the config check."""
-    from rlfactory_core import models
     from rlfactory_core.config import load_config
+    from rlfactory_core.models import check_images, vision
 
     chat, model, processor = vlm
-    monkeypatch.setattr(models, "VISION_MODEL_TYPES", ("qwen2_vl",))
+    monkeypatch.setattr(vision, "VISION_MODEL_TYPES", ("qwen2_vl",))
     with pytest.raises(ConfigError, match="images for 'llava' models with a 'clip_vision_model' vision tower are "
                                           "not supported yet"):
-        T._check_images(load_config([], ["env=arithmetic"]), _ScreenEnv(), tiny_vlm_dir)
+        check_images(load_config([], ["env=arithmetic"]), _ScreenEnv(), tiny_vlm_dir)
     backend = HFBackend(model, max_batch_size=2, processor=processor)
     try:
         with pytest.raises(ModelError, match="images for 'llava' models with a 'clip_vision_model' vision tower"):
@@ -356,8 +360,9 @@ async def test_a_prompt_that_cannot_be_rendered_ends_its_trajectory_and_trains_o
     assert bad.images == [] and bad.prompt_ids == []
     from rlfactory_core.config import load_config
 
-    batch = T._build_batch([bad, good], [0.0, 1.0], load_config([], ["grpo.group_size=2"]), pad_id=0,
-                           processor=processor)
+    bad.group = good.group = 0  # one group of two, as a rollout would make it
+    batch = build_batch([bad, good], [0.0, 1.0], load_config([], ["grpo.group_size=2"]), pad_id=0,
+                        processor=processor)
     assert batch["image_counts"].tolist() == [0, 3]
 
 

@@ -11,7 +11,9 @@ import pytest
 import pytest_asyncio
 import torch
 
-from rlfactory_core import trainer as T
+from rlfactory_core.training.batch import build_batch, rows_of
+from rlfactory_core.training.logprobs import token_logprobs
+from rlfactory_core.training.policy import weights_for_backend
 from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, run_trajectory
 from rlfactory_core.rollout.backends.hf import HFBackend
 from rlfactory_core.rollout.render import trajectory_ids
@@ -69,10 +71,12 @@ async def test_vllm_generates_token_exactly_from_the_images_and_the_trainer_agre
         run_trajectory({"id": f"s{i}"}, env=_ScreenEnv(), parser=_PlainParser(), tool_manager=_NoTools(),
                        backend=vllm_vlm, chat=chat, config=config, index=i) for i in range(2))))
     assert [t.stop_reason for t in trajectories] == ["env_done", "env_done"], [t.metadata for t in trajectories]
-    batch = T._build_batch(trajectories, [0.0, 1.0], load_config([], ["grpo.group_size=2"]), pad_id=0,
-                           processor=processor)
+    for trajectory in trajectories:
+        trajectory.group = 0  # one group of two, as a rollout would make it
+    batch = build_batch(trajectories, [0.0, 1.0], load_config([], ["grpo.group_size=2"]), pad_id=0,
+                        processor=processor)
     with torch.no_grad():
-        logprobs, _ = T._token_logprobs(model, T._rows_of(batch, [0, 1]), bf16=False, entropy=False, temperature=0.7)
+        logprobs, _ = token_logprobs(model, rows_of(batch, [0, 1]), bf16=False, entropy=False, temperature=0.7)
     for row, trajectory in enumerate(trajectories):
         # every turn's context went through the collapse-expand-compare round trip
         assert len(trajectory.images) == 3
@@ -102,7 +106,7 @@ async def test_vllm_takes_the_trainers_weights_for_a_vision_model(vlm, vllm_vlm)
     with torch.no_grad():
         for parameter in updated.parameters():
             parameter.add_(0.05 * torch.randn_like(parameter))
-    await vllm_vlm.update_weights(T._weights_for_backend(updated))
+    await vllm_vlm.update_weights(weights_for_backend(updated))
     image = picture((10, 200, 30))
     ids = chat.prompt_ids([Message("user", "Look.", images=[image])])
     greedy = SamplingParams(temperature=0, max_tokens=6)

@@ -432,7 +432,8 @@ async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokeni
     from rlfactory_arithmetic import ArithmeticEnv
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
     from rlfactory_core.plugins import get_component
-    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, check_retokenization, rollout, to_tensordict
+    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, check_retokenization, rollout
+    from rlfactory_core.training.batch import to_tensordict
 
     env = ArithmeticEnv(questions_per_episode=2)
     chat_template = ChatTemplate(tokenizer)

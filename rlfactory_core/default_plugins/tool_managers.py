@@ -59,7 +59,7 @@ class ConcurrentToolManager:
 
     * ``timeout_s`` (30): limit on each attempt's run time; time spent waiting for a
       concurrency slot does not count. A sync tool's thread cannot be stopped: the timeout
-      frees the trajectory, not the thread (see :mod:`rlfactory_core.tools`).
+      frees the trajectory, not the thread (see :mod:`rlfactory_core.threads`).
     * ``max_concurrency`` (64): calls running at once, over all trajectories.
     * ``tool_concurrency`` (None): per-tool limit on calls running at once; an int applies
       to each tool, a dict maps tool names to limits (unnamed tools: no own limit).
@@ -392,7 +392,7 @@ def _check_tool(tool: Any) -> None:
     except RegistrationError as exc:
         raise RegistrationError(
             f"the tool manager cannot use it: {exc.message}",
-            hint="rlfactory_core.tools.resolve_tools() turns functions, names and qwen-agent tools into tools",
+            hint="rlfactory_core.resolve_tools() turns functions, names and qwen-agent tools into tools",
         ) from None
 
 

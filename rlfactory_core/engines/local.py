@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from ..config import RunConfig
 from ..errors import ConfigError, one_line
 from ..task import Task
-from ..tools import DaemonThreadPool
+from ..threads import DaemonThreadPool
 from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
                                return_freed_memory, training_device, use_packing, weights_for_backend)
 from ..training.update import update_policy

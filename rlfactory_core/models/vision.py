@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ModelError
+from ..interfaces import member
 from .resolving import hub_kwargs, load_error, resolve_model
 
 if TYPE_CHECKING:  # pragma: no cover - typing only: config imports models for DEFAULT_MODEL
@@ -102,7 +103,7 @@ def check_images(config: RunConfig, env: Any, model_path: str | os.PathLike[str]
     ``config.engine`` runs it (``rlf eval`` always runs locally, so it passes False).
     """
     processor = load_processor(model_path)
-    if not getattr(env, "shows_images", False):
+    if not member("env", env, "shows_images"):
         return processor
     problems = []
     problem = vision_problem(model_config(resolve_model(model_path)))

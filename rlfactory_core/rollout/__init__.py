@@ -6,17 +6,15 @@
 - :mod:`.backends`: generation backends: the interface (:mod:`.backends.base`), the
   implementations (:mod:`.backends.hf`, :mod:`.backends.vllm`) and ``make_backend``
   (``auto``, ``hf``, ``vllm``)
-- :mod:`.tensors`: trajectories to padded or packed tensors
 
-Importing this package does not import torch, transformers or vLLM; the backends and
-``to_tensordict`` import them when used.
+Importing this package does not import torch, transformers or vLLM; the backends import
+them when used. (Trajectories become training tensors in :mod:`rlfactory_core.training.batch`.)
 """
 
 from .agent_loop import STOP_REASONS, RolloutConfig, SamplingConfig, rollout, rollout_metrics, run_trajectory
 from .backends import (BACKEND_NAMES, GREEDY_TEMPERATURE, Backend, Generation, SamplingParams, make_backend,
                        vllm_available)
 from .render import ChatTemplate, RetokenizationReport, check_retokenization
-from .tensors import to_tensordict
 
 __all__ = [
     "rollout",
@@ -35,5 +33,4 @@ __all__ = [
     "ChatTemplate",
     "RetokenizationReport",
     "check_retokenization",
-    "to_tensordict",
 ]

@@ -288,17 +288,20 @@ async def rollout(
     group_size: int = 1,
 ) -> list[Trajectory]:
     """``group_size`` trajectories per sample, all running at once; returned in sample
-    order (the ``group_size`` trajectories of sample 0 first). Observers see each
-    trajectory end (``rlfactory_on_trajectory_end``)."""
+    order (the ``group_size`` trajectories of sample 0 first), each with its ``group`` (the
+    index of its sample in ``samples``). Observers see each trajectory end
+    (``rlfactory_on_trajectory_end``)."""
 
-    async def one(i: int, sample: Sample) -> Trajectory:
+    async def one(i: int, group: int, sample: Sample) -> Trajectory:
         trajectory = await run_trajectory(sample, env=env, parser=parser, tool_manager=tool_manager,
                                           backend=backend, chat=chat, config=config, index=i)
-        trajectory.metadata["group"] = i // group_size
+        trajectory.group = group
         notify("rlfactory_on_trajectory_end", trajectory=trajectory, sample=sample)
         return trajectory
 
-    jobs = [one(i, sample) for i, sample in enumerate(s for s in samples for _ in range(group_size))]
+    # ``i`` numbers the trajectories (it seeds their sampling); ``group`` names their sample
+    jobs = [one(group * group_size + k, group, sample)
+            for group, sample in enumerate(samples) for k in range(group_size)]
     return list(await asyncio.gather(*jobs))
 
 

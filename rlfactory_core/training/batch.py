@@ -16,7 +16,53 @@ from typing import Any, Sequence
 from ..config import RunConfig
 from ..errors import ModelError
 
-__all__ = ["build_batch", "turn_reward_tensor", "rows_of", "micro_batches", "micro_image_inputs"]
+__all__ = ["to_tensordict", "build_batch", "turn_reward_tensor", "rows_of", "micro_batches", "micro_image_inputs"]
+
+
+def _rows(trajectory: Any) -> tuple[list[int], list[int], list[float]]:
+    ids = list(trajectory.prompt_ids)
+    mask = [0] * len(ids)
+    logprobs = [0.0] * len(ids)
+    for segment in trajectory.segments:
+        ids.extend(segment.token_ids)
+        mask.extend([segment.loss_mask] * len(segment.token_ids))
+        if segment.kind == "model":
+            if segment.logprobs is None or len(segment.logprobs) != len(segment.token_ids):
+                raise ValueError(f"trajectory {trajectory.sample_id}: a model segment has "
+                                 f"{len(segment.token_ids)} tokens but "
+                                 f"{'no' if segment.logprobs is None else len(segment.logprobs)} logprobs")
+            logprobs.extend(segment.logprobs)
+        else:
+            logprobs.extend([0.0] * len(segment.token_ids))
+    return ids, mask, logprobs
+
+
+def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
+    """The trajectories as ``[B, L]`` tensors, right-padded to the longest: ``input_ids``
+    (prompt, then every model and observation segment, in order), ``attention_mask`` (1 on
+    real tokens), ``loss_mask`` (1 on tokens the model sampled), ``logprobs`` (the sampler's,
+    where ``loss_mask`` is 1, else 0); and ``lengths`` (``[B]``). A model segment without a
+    logprob for each of its tokens is refused."""
+    import torch
+    from tensordict import TensorDict
+
+    if not trajectories:
+        raise ValueError("no trajectories to convert")
+    rows = [_rows(t) for t in trajectories]
+    lengths = torch.tensor([len(ids) for ids, _, _ in rows], dtype=torch.int64)
+    batch, width = len(rows), int(lengths.max())
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.int64)
+    attention_mask = torch.zeros((batch, width), dtype=torch.int64)
+    loss_mask = torch.zeros((batch, width), dtype=torch.int64)
+    logprobs = torch.zeros((batch, width), dtype=torch.float32)
+    for row, (ids, mask, lps) in enumerate(rows):
+        n = len(ids)
+        input_ids[row, :n] = torch.tensor(ids, dtype=torch.int64)
+        attention_mask[row, :n] = 1
+        loss_mask[row, :n] = torch.tensor(mask, dtype=torch.int64)
+        logprobs[row, :n] = torch.tensor(lps, dtype=torch.float32)
+    return TensorDict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+                       "logprobs": logprobs, "lengths": lengths}, batch_size=[batch])
 
 
 def turn_reward_tensor(trajectories: Sequence[Any], width: int,
@@ -51,13 +97,12 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     rewards of each row, added to the env's."""
     import torch
 
-    from ..rollout import to_tensordict
     from .grpo import group_advantages, token_advantages
 
     groups = [t.group for t in trajectories]
     if any(group is None for group in groups):
         raise ValueError("every trajectory needs its group (set by the rollout) for group advantages")
-    td = to_tensordict(trajectories, pad_token_id=pad_id, layout="padded")
+    td = to_tensordict(trajectories, pad_token_id=pad_id)
     if processor is not None and any(t.images for t in trajectories):
         _add_image_inputs(td, trajectories, processor)
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), groups, config.grpo.advantage_norm)
@@ -69,7 +114,6 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     td["sampler_logprobs"] = td.pop("logprobs")
     td["advantages"] = token_advantages(advantages, td["loss_mask"], turn_rewards)
     td["sequence_advantages"] = advantages
-    del td["position_ids"], td["prompt_lengths"]
     return td
 
 

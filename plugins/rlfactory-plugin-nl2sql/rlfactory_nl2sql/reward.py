@@ -33,8 +33,8 @@ Components, each 1 or 0 per trajectory, so their logged means
 and ``timeout``. The failure's kind and one-line message are also written to the
 trajectory's ``metadata["sql_execution"]``. A sample without gold SQL: the reward does not
 apply (``None``). A gold SQL that fails is a dataset problem: the reward raises, the reward
-layer counts it in ``reward/errors`` and records the message in the trajectory's
-``metadata["reward_errors"]``.
+layer counts it in ``reward/errors`` and records the message in the scored batch's
+``reward_errors`` (written with the eval samples).
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ import threading
 from collections import Counter, OrderedDict
 from typing import Any
 
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.types import RewardOutput, Sample, Trajectory
+from rlfactory_core import ConfigError, RewardOutput, Sample, Trajectory
 
 from .sandbox import QueryLimits, QueryResult, require_sandbox, run_query
 from .sqltext import QueryError, extract_sql, orders_rows

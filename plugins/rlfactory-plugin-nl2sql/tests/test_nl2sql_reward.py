@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlfactory_core.config import RewardSpec
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.rewards import RewardContext, build_reward_layer
-from rlfactory_core.types import Message, Segment, Trajectory
+from rlfactory_core import ConfigError, Message, RewardContext, Segment, Trajectory
+from rlfactory_core.testing import RewardSpec, build_reward_layer
 from rlfactory_nl2sql import SQLExecutionReward
 from rlfactory_nl2sql.data import database_file
 from rlfactory_nl2sql.reward import normalise_rows, same_result
@@ -180,7 +178,7 @@ async def test_in_the_reward_layer_errors_and_accuracy_become_metrics(db):
     assert metrics["reward/sql_execution/timeout"] == pytest.approx(1 / 3)
     assert metrics["reward/sql_execution/execution_match"] == pytest.approx(1 / 3)
     assert metrics["reward/errors"] == 1.0 and metrics["reward/errors/sql_execution"] == 1.0
-    [error] = trajectories[3].metadata["reward_errors"]
+    [error] = scored.reward_errors[3]
     assert error.startswith("sql_execution: RuntimeError: the gold SQL of sample broken failed on ")
     assert error.endswith("SQL error: no such column: capital; fix or drop this dataset row")
     await layer.close()

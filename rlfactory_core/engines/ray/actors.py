@@ -17,6 +17,7 @@ import torch
 
 from ...config import RunConfig
 from ...errors import ConfigError, one_line
+from ...interfaces import member
 from .fsdp import full_model_state, load_local_optimizer_state, local_optimizer_state, shard, trainable_names
 
 __all__ = ["TrainerWorker", "RolloutWorker", "JudgeActor", "ToolActor", "SharedTool", "PooledReward",
@@ -164,7 +165,7 @@ class ToolActor:
         from ...task import build_env
 
         config = RunConfig.model_validate(config_json)
-        tools = {t.name: t for t in getattr(build_env(config), "tools", []) or []}
+        tools = {t.name: t for t in member("env", build_env(config), "tools")}
         if name not in tools:
             raise ConfigError([f"ray.tool_actors.names: the {config.env!r} env has no tool {name!r}"])
         self.tool = tools[name]

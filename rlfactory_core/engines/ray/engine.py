@@ -247,8 +247,8 @@ class RayEngine:
             await self._ready("tool actor", [a.describe.remote() for a in self.tool_actors.values()])
         if r.judge.rewards:
             group = self._placement_group("judge", r.judge.workers, _bundle(r.judge.cpus, r.judge.gpus), "SPREAD")
-            self.judges = [remote(JudgeActor).options(max_restarts=-1, num_cpus=r.judge.cpus, num_gpus=r.judge.gpus, max_concurrency=1000,
-                                               scheduling_strategy=self._on(group, i))
+            self.judges = [remote(JudgeActor).options(max_restarts=-1, num_cpus=r.judge.cpus, num_gpus=r.judge.gpus,
+                                                      max_concurrency=1000, scheduling_strategy=self._on(group, i))
                            .remote(self.config_json, threads_for(self.config, r.judge.cpus))
                            for i in range(r.judge.workers)]
             await self._ready("judge", [j.ready.remote() for j in self.judges])

@@ -81,10 +81,14 @@ def load_local_optimizer_state(policy: torch.nn.Module, optimizer: Any, names: l
 
 def local_optimizer_state(policy: torch.nn.Module, optimizer: Any, names: list[str]) -> dict[str, Any]:
     """The sharded optimizer's whole state, indexed like ``torch.optim.AdamW`` over the
-    parameters in order ``names`` (a collective: every rank calls it)."""
+    parameters in order ``names``, on rank 0 (``{}`` on the others: with ``cpu_offload`` the
+    full state is gathered to rank 0 only). A collective: every rank calls it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_optimizer_state_dict(policy, optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not state:
+        return {}
     index = {name: i for i, name in enumerate(names)}
     return {"state": {index[name.removeprefix(FSDP_PREFIX)]: s for name, s in state["state"].items()},
             "param_groups": [{**g, "params": [index[n.removeprefix(FSDP_PREFIX)] for n in g["params"]]}
