@@ -287,6 +287,17 @@ def test_no_core_module_is_over_600_lines_without_a_reason():
     assert not problems, f"{len(problems)} module(s) too long:\n" + "\n".join(problems)
 
 
+def test_every_core_package_ships_in_the_distribution():
+    """pyproject lists the packages explicitly (the CLI lives under cli/): a new subpackage
+    missing there works in an editable install and is absent from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {".".join(path.parent.relative_to(ROOT).parts) for path in CORE.rglob("__init__.py")}
+    assert not packages - listed, f"add to [tool.setuptools] packages in pyproject.toml: {sorted(packages - listed)}"
+    assert not {p for p in listed if p.startswith("rlfactory_core")} - packages, "pyproject lists packages that are gone"
+
+
 @pytest.mark.parametrize(("source", "expected"), [
     ("from ._fs import atomic_write\n", []),  # a private module's public name: allowed
     ("from . import _fs\n", []),  # a private module itself, inside the core: allowed
