@@ -12,9 +12,8 @@ import sys
 
 import pytest
 
-from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.types import ParsedTurn, ToolCall
+from rlfactory_core import ConfigError, ParsedTurn, ToolCall
+from rlfactory_core.testing import ConcurrentToolManager
 from rlfactory_android import AndroidEnv
 from rlfactory_android.device import DeviceError
 
@@ -85,8 +84,7 @@ def test_screenshot_must_be_a_boolean():
 
 
 def test_a_text_only_model_is_refused_before_the_run(tmp_path):
-    from rlfactory_core.config import load_config
-    from rlfactory_core.trainer import train
+    from rlfactory_core.testing import load_config, train
 
     config = load_config([], ["env=android", "env_options={screenshot: true, few_shot: false}", "backend=hf",
                               f"run_dir={tmp_path / 'run'}", "logging.live=off"])
@@ -95,18 +93,10 @@ def test_a_text_only_model_is_refused_before_the_run(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.fixture(scope="module")
-def tiny_vlm(tmp_path_factory):
-    from rlfactory_core.models import DEFAULT_MODEL, prepare_model
-    from rlfactory_core.testing import build_tiny_vision_model
-
-    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vlm"), prepare_model(DEFAULT_MODEL))
-
-
 @pytest.mark.slow
-def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(tmp_path, tiny_vlm):
+def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(tmp_path, tiny_vlm_dir):
     run_dir = tmp_path / "run"
-    common = [f"model.name={tiny_vlm}", "data.eval_size=2", "logging.live=off",
+    common = [f"model.name={tiny_vlm_dir}", "data.eval_size=2", "logging.live=off",
               "rollout.max_turns=2", "rollout.max_tokens_per_turn=16", "env_options={few_shot: false, screenshot: true}"]
     log = tmp_path / "train.log"
     with open(log, "w") as out:
@@ -123,8 +113,8 @@ def test_rlf_train_and_eval_android_with_screenshots_on_a_vision_language_model(
     model_dir = run_dir / "checkpoints" / "latest"
     assert model_dir.exists()
 
-    from rlfactory_core.training.checkpoint import latest_checkpoint
-    from rlfactory_core.models import load_processor
+    from rlfactory_core import load_processor
+    from rlfactory_core.testing import latest_checkpoint
 
     assert load_processor(latest_checkpoint(run_dir) / "model") is not None  # saved with its image processor
     report_dir = tmp_path / "report"

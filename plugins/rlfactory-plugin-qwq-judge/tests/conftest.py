@@ -1,8 +1,7 @@
 """Fixtures of the qwq_judge tests: the embedded judge model, and local OpenAI-compatible
 servers (uvicorn in a thread, on a port the OS picks, stopped after the tests).
 
-The core's ``default_model_dir`` fixture lives in the core's ``tests/conftest.py``, which
-pytest applies to the core's tests only; ``judge_model_dir`` is the same model here.
+The embedded judge model is the root ``conftest.py``'s ``default_model_dir``.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
-from rlfactory_core.types import Message, Trajectory
+from rlfactory_core import Message, Trajectory
 
 #: The Authorization header the scripted server's ``/auth`` route accepts.
 API_KEY = "test-secret-key"
@@ -155,17 +154,9 @@ def requests_seen(scripted_server) -> list[dict[str, Any]]:
     return scripted_server.requests
 
 
-@pytest.fixture(scope="session")
-def judge_model_dir():
-    """The embedded default model (``smollm2-135m-instruct``) as an HF directory."""
-    from rlfactory_core.models import DEFAULT_MODEL, prepare_model
-
-    return prepare_model(DEFAULT_MODEL)
-
-
 def model_app(server: Server, backend: Any, tokenizer: Any, model_name: str) -> FastAPI:
     """An OpenAI-compatible chat-completions server generating with a real model."""
-    from rlfactory_core.rollout import SamplingParams
+    from rlfactory_core import SamplingParams
 
     app = FastAPI()
 
@@ -188,13 +179,12 @@ def model_app(server: Server, backend: Any, tokenizer: Any, model_name: str) -> 
 
 
 @pytest.fixture(scope="session")
-def model_server(judge_model_dir) -> Iterator[Server]:
+def model_server(default_model_dir) -> Iterator[Server]:
     """A server answering with the embedded model on the core's hf backend."""
-    from rlfactory_core.models import load_tokenizer
-    from rlfactory_core.rollout import make_backend
+    from rlfactory_core import load_tokenizer, make_backend
 
-    tokenizer = load_tokenizer(judge_model_dir)
-    backend = make_backend("hf", str(judge_model_dir))
+    tokenizer = load_tokenizer(default_model_dir)
+    backend = make_backend("hf", str(default_model_dir))
     server = Server(url="")
     try:
         with serve(model_app(server, backend, tokenizer, "smollm2")) as url:

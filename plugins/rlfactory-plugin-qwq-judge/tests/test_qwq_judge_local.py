@@ -26,7 +26,7 @@ CASES = [
 
 
 @pytest.mark.slow
-async def test_local_judge_scores_with_the_embedded_model(judge_model_dir, make_trajectory):
+async def test_local_judge_scores_with_the_embedded_model(default_model_dir, make_trajectory):
     reward = QwQJudgeReward(backend="hf", model="smollm2-135m-instruct", prompt_template=FEW_SHOT_YES_NO_TEMPLATE,
                             max_tokens=8, backend_options={"max_batch_size": 8})
     try:
@@ -72,9 +72,9 @@ async def test_local_judge_scores_with_the_embedded_model(judge_model_dir, make_
     assert reward.client.backend is None
 
 
-@pytest.mark.slow
-async def test_local_judge_prompt_longer_than_the_context_is_refused(judge_model_dir, make_trajectory):
-    reward = QwQJudgeReward(backend="hf", model=str(judge_model_dir), max_tokens=4,
+async def test_local_judge_prompt_longer_than_the_context_is_refused(tiny_model_dir, make_trajectory):
+    # the tiny model: the prompt is refused by its length, before the model writes anything
+    reward = QwQJudgeReward(backend="hf", model=str(tiny_model_dir), max_tokens=4,
                             backend_options={"max_model_len": 64})
     try:
         with pytest.raises(JudgeBackendError, match="judge prompt has .* tokens, more than the judge model's context of 64"):
