@@ -21,8 +21,7 @@ import pyarrow.parquet as pq
 import pycountry
 import pytest
 
-from rlfactory_core.default_plugins.rewards import normalize_answer
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core import RLFactoryError, normalize_answer
 from rlfactory_deepsearch import data
 from rlfactory_deepsearch.data import KINDS, MAX_PASSAGE_WORDS, SPLITS, build, load_split
 from rlfactory_deepsearch.search_r1_format import (

@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory_core.config import load_config
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.plugins import get_component
-from rlfactory_core.types import Message, ParsedTurn, Segment, ToolCall, ToolResult, Trajectory
+from rlfactory_core import (ConfigError, Message, ParsedTurn, Segment, ToolCall, ToolResult, Trajectory,
+                            get_component)
+from rlfactory_core.testing import load_config
 from rlfactory_deepsearch import DeepSearchEnv, SearchR1Reward
 from rlfactory_deepsearch.env import extract_answer, format_passages
 
@@ -169,7 +168,7 @@ def test_the_gpu_config_file_is_a_valid_config(tmp_path):
     value or an env_options.parser that differs from the run's is an error here), with its
     data files swapped for tiny parquet files in Search-R1's schema. The model, engine and
     ray sections are read but not asserted on: they are the hardware's business."""
-    from rlfactory_core.task import build_task
+    from rlfactory_core.testing import build_task
 
     recipe = CONFIGS / "search-r1-qwen3-4b.yaml"
     config = load_config([recipe])
@@ -203,7 +202,7 @@ def test_registered_through_the_plugin_manager():
 
 
 def test_the_env_writes_its_examples_with_the_runs_parser():
-    from rlfactory_core.task import build_task
+    from rlfactory_core.testing import build_task
 
     def env_parser(*overrides):
         return build_task(load_config([], list(overrides), flags={"env": "deepsearch"})).env.parser.name
@@ -227,7 +226,7 @@ def built(tmp_path_factory):
 
 
 async def _search(env, query, timeout_s=30.0):
-    from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+    from rlfactory_core.testing import ConcurrentToolManager
 
     manager = ConcurrentToolManager(env.tools, timeout_s=timeout_s)
     try:

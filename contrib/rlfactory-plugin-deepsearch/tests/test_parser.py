@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlfactory_core.types import Message, ParseError, ToolCall, ToolResult
+from rlfactory_core import Message, ParseError, ToolCall, ToolResult
 from rlfactory_deepsearch import SearchTool
 from rlfactory_deepsearch.parser import SearchR1Parser
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory_core.errors import ConfigError, RLFactoryError
+from rlfactory_core import ConfigError, RLFactoryError
 from rlfactory_deepsearch.retrieval import (
     BM25Retriever,
     DenseRetriever,

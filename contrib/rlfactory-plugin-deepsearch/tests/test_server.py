@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from typer.testing import CliRunner
 
-from rlfactory_core.errors import ConfigError, RLFactoryError
+from rlfactory_core import ConfigError, RLFactoryError
 from rlfactory_deepsearch.cli_retriever import app as retriever_cli
 from rlfactory_deepsearch.retrieval import BM25Retriever, Document, HTTPRetriever
 from rlfactory_deepsearch.server import RetrieverServer, create_app

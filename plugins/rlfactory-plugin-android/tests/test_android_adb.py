@@ -586,8 +586,8 @@ def test_launcher_home_screen_with_the_status_bar_window():
 async def test_an_android_episode_on_the_adb_backend(fake, monkeypatch):
     """The env over the fake adb: reset sends the start state, a tap on an element of the
     dumped screen reaches ``input tap`` at its center, close reads the check with ``settings get``."""
-    from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-    from rlfactory_core.types import ToolCall
+    from rlfactory_core import ToolCall
+    from rlfactory_core.testing import ConcurrentToolManager
     from rlfactory_android import AndroidEnv
 
     monkeypatch.setenv("FAKE_ADB_DUMP", str(DUMPS / "settings_main.xml"))
@@ -611,7 +611,7 @@ async def test_an_android_episode_on_the_adb_backend(fake, monkeypatch):
 
 
 def test_no_connected_device_is_a_config_error_up_front(fake, monkeypatch):
-    from rlfactory_core.errors import ConfigError
+    from rlfactory_core import ConfigError
     from rlfactory_android import AndroidEnv
 
     monkeypatch.setenv("FAKE_ADB_NO_DEVICES", "1")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rlfactory_core.errors import ConfigError
+from rlfactory_core import ConfigError
 from rlfactory_mcp import ServerSpec, load_mcp_config, parse_mcp_config
 
 

@@ -114,7 +114,7 @@ def test_a_server_that_cannot_start_stops_rlf_train_with_one_error_line(capsys, 
     """What a user of ``rlf train --env mcp`` sees: one error line (and at most a hint),
     nothing before it, and nothing written."""
     from rlfactory_cli.app import run
-    from rlfactory_core.plugins import reset_plugins
+    from rlfactory_core.testing import reset_plugins
 
     config = tmp_path / "servers.json"
     config.write_text('{"mcpServers": {"broken": {"command": "%s", "args": ["-c", '

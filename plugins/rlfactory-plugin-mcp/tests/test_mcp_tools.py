@@ -9,9 +9,8 @@ import logging
 import pytest
 
 from mcp_testing import server_processes, stdio_toolbox, time_server
-from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.types import ToolCall
+from rlfactory_core import ConfigError, ToolCall
+from rlfactory_core.testing import ConcurrentToolManager
 from rlfactory_mcp import load_mcp_tools, parse_mcp_config
 
 

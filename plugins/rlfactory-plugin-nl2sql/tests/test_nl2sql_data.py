@@ -9,7 +9,7 @@ import re
 from collections import Counter
 import pytest
 
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core import RLFactoryError
 from rlfactory_nl2sql import data, run_query
 from rlfactory_nl2sql.data import DB_ID, KINDS, SPLITS, build, database_file
 from rlfactory_nl2sql.formats import load_spider, load_tables_json

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlfactory_core.errors import ConfigError
+from rlfactory_core import ConfigError
 from rlfactory_nl2sql import NL2SQLEnv, SQLExecutionReward, run_query
 from rlfactory_nl2sql.formats import load_bird, load_spider, load_tables_json, read_json_rows
 
@@ -146,7 +146,7 @@ async def test_the_env_reads_bird_with_the_hint(bird_dir, tmp_path):
 
 
 def test_a_bird_gold_query_is_scored_by_the_reward(bird_dir):
-    from rlfactory_core.types import Message, Segment, Trajectory
+    from rlfactory_core import Message, Segment, Trajectory
 
     env = NL2SQLEnv(source="bird", data_dir=str(bird_dir), splits={"train": None})
     ordered = env.dataset(split="test")[2]  # ORDER BY amount DESC: the order counts

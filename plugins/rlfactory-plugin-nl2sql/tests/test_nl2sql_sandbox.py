@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-from rlfactory_core.types import ToolCall
+from rlfactory_core import ToolCall
+from rlfactory_core.testing import ConcurrentToolManager
 from rlfactory_nl2sql import NL2SQLEnv
 from rlfactory_nl2sql.engine import Guard
 from rlfactory_nl2sql.sandbox import (

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
-from rlfactory_core.types import Message, Segment, ToolCall, Trajectory
+from rlfactory_core import Message, Segment, ToolCall, Trajectory
+from rlfactory_core.testing import ConcurrentToolManager
 from rlfactory_nl2sql import NL2SQLEnv, SQLExecutionReward
 from rlfactory_nl2sql.engine import printf_bound
 from rlfactory_nl2sql.sandbox import ERROR_KINDS, MAX_SQL_BYTES, QueryLimits, read_schema, run_query

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from rlfactory_core import ParsedTurn, ToolCall
 from rlfactory_core.testing import measure_parse
-from rlfactory_core.types import ParsedTurn, ToolCall
 from rlfactory_plugin_qwen3 import Qwen3Parser, format_tool_call
 from rlfactory_plugin_qwen3.parser import MAX_JSON_DEPTH
 

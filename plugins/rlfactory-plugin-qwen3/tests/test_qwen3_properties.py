@@ -8,7 +8,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlfactory_core.types import ParsedTurn, ParseError, ToolCall
+from rlfactory_core import ParsedTurn, ParseError, ToolCall
 from rlfactory_plugin_qwen3 import Qwen3Parser, format_tool_call
 
 parser = Qwen3Parser()

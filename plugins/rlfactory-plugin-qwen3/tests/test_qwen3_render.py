@@ -12,8 +12,7 @@ import json
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from rlfactory_core import function_tool
-from rlfactory_core.types import Message, ToolCall, ToolResult
+from rlfactory_core import Message, ToolCall, ToolResult, function_tool
 from rlfactory_plugin_qwen3 import Qwen3Parser, format_tool_call
 
 # Qwen3's chat template, reduced to system prompt, tools, tool calls and tool messages.

@@ -224,16 +224,14 @@ def test_judge_over_http_scores_a_training_step(model_server, tmp_path):
     yes/no template, so the judge really scores instead of falling back."""
     import json
 
-    from rlfactory_core import trainer
-    from rlfactory_core.config import load_config
-    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.testing import load_config, read_metrics, train
 
     model_server.requests.clear()
     run_dir = tmp_path / "run"
     judge = {"backend": "openai", "base_url": model_server.base_url(), "model": "smollm2", "max_tokens": 4,
              "timeout_s": 120, "prompt_template": FEW_SHOT_YES_NO_TEMPLATE}
     rewards = [{"name": "exact_match"}, {"name": "qwq_judge", "weight": 0.5, "options": judge}]
-    trainer.train(load_config([], [
+    train(load_config([], [
         "backend=hf", "grpo.prompts_per_step=1", "grpo.group_size=2", "data.eval_size=1", "eval.save_samples=1",
         "rollout.max_turns=2", "rollout.max_tokens_per_turn=32", "logging.live=off", "logging.tensorboard=false",
         "train.steps=1", f"run_dir={run_dir}", f"rewards={json.dumps(rewards)}"]))

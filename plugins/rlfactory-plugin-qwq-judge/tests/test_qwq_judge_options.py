@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlfactory_core.errors import ConfigError
-from rlfactory_core.types import Message, Trajectory
+from rlfactory_core import ConfigError, Message, Trajectory
 from rlfactory_qwq_judge import DEFAULT_PROMPT_TEMPLATE, JudgeBackendError, QwQJudgeReward
 from rlfactory_qwq_judge.clients import LocalJudgeClient, OpenAIJudgeClient
 from rlfactory_qwq_judge.reward import defuse_tags, policy_answer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlfactory_core.errors import RLFactoryError
+from rlfactory_core import RLFactoryError
 from rlfactory_qwq_judge import JudgeOutputError, parse_verdict
 from rlfactory_qwq_judge.verdict import strip_reasoning
 
