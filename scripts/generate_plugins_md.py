@@ -246,11 +246,12 @@ def plugin_api() -> str:
     import rlfactory_core
     from rlfactory_core import testing
 
-    def names(module: object, lazy: dict) -> str:
-        return ", ".join(f"`{n}`*" if n in lazy else f"`{n}`" for n in module.__all__ if not n.startswith("__"))
+    def names(module: object) -> str:
+        # A name the module does not hold itself is one its __getattr__ loads on first use.
+        return ", ".join(f"`{n}`" if n in vars(module) else f"`{n}`*" for n in module.__all__ if not n.startswith("__"))
 
-    return (API_TEXT + f"`rlfactory_core`: {names(rlfactory_core, rlfactory_core._LAZY)}\n\n"
-            f"`rlfactory_core.testing` (for tests): {names(testing, testing._REEXPORTED)}\n\n"
+    return (API_TEXT + f"`rlfactory_core`: {names(rlfactory_core)}\n\n"
+            f"`rlfactory_core.testing` (for tests): {names(testing)}\n\n"
             + VERSION_TEXT.format(version=rlfactory_core.PLUGIN_API_VERSION))
 
 
