@@ -204,6 +204,23 @@ def test_the_core_reads_optional_members_only_as_declared():
     assert not problems, "\n".join(problems)
 
 
+def test_the_core_reads_optional_members_through_the_interface_table():
+    # getattr(component, "shows_images", False) scattered through the core is how the
+    # contract came to be partly hidden: every read of an optional member goes through
+    # member()/accepts(), so its default is the one in MEMBERS.
+    optional = {m.name for m in interfaces.MEMBERS if not m.required and m.form != "parameter"}
+    problems = []
+    for path in sorted((ROOT / "rlfactory_core").rglob("*.py")) + sorted((ROOT / "cli").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in optional):
+                problems.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})"
+                                f" -> rlfactory_core.interfaces.member(KIND, obj, {node.args[1].value!r})")
+    assert not problems, ("optional component members are read with interfaces.member() (their default is "
+                          "declared once, in MEMBERS):\n" + "\n".join(problems))
+
+
 def test_plugins_md_renders_every_interface_member():
     text = (ROOT / "PLUGINS.md").read_text()
     for member in interfaces.MEMBERS:
