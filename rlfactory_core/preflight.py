@@ -200,7 +200,7 @@ def judge_pool_problem(name: str, reward_cls: Any) -> str | None:
     rewards that need no rollout state; one whose ``score`` takes a ``context`` (the env
     state, the env's tools) must be scored in the rollout workers, where those live."""
     score = getattr(reward_cls, "score", None)
-    if score is not None and "context" in inspect.signature(score).parameters:
+    if score is not None and accepts("reward", score, "context"):
         return (f"ray.judge.rewards: {name!r} reads the env state or calls tools (its score takes a context), "
                 "which live in the rollout workers; score it there (remove it from ray.judge.rewards)")
     return None

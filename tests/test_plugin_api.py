@@ -209,6 +209,7 @@ def test_the_core_reads_optional_members_through_the_interface_table():
     # contract came to be partly hidden: every read of an optional member goes through
     # member()/accepts(), so its default is the one in MEMBERS.
     optional = {m.name for m in interfaces.MEMBERS if not m.required and m.form != "parameter"}
+    parameters = {m.name for m in interfaces.MEMBERS if m.form == "parameter"}
     problems = []
     for path in sorted((ROOT / "rlfactory_core").rglob("*.py")) + sorted((ROOT / "cli").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -217,8 +218,15 @@ def test_the_core_reads_optional_members_through_the_interface_table():
                     and isinstance(node.args[1], ast.Constant) and node.args[1].value in optional):
                 problems.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.id}(..., {node.args[1].value!r})"
                                 f" -> rlfactory_core.interfaces.member(KIND, obj, {node.args[1].value!r})")
-    assert not problems, ("optional component members are read with interfaces.member() (their default is "
-                          "declared once, in MEMBERS):\n" + "\n".join(problems))
+            # "context" in inspect.signature(fn).parameters: an optional parameter read by hand
+            if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant)
+                    and node.left.value in parameters and isinstance(node.ops[0], (ast.In, ast.NotIn))
+                    and isinstance(node.comparators[0], ast.Attribute)
+                    and node.comparators[0].attr == "parameters"):
+                problems.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.left.value!r} in ...parameters"
+                                f" -> rlfactory_core.interfaces.accepts(KIND, fn, {node.left.value!r})")
+    assert not problems, ("optional component members are read with interfaces.member() and accepts() (their "
+                          "defaults are declared once, in MEMBERS):\n" + "\n".join(problems))
 
 
 def test_plugins_md_renders_every_interface_member():
