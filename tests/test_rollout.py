@@ -1,7 +1,12 @@
-"""The agent loop end to end: the default model, the qwen3 parser, real tools, the hf backend.
+"""The agent loop end to end: the qwen3 parser, real tools, the arithmetic env, the real tokenizer.
 
-The ``arithmetic`` env (``contrib/rlfactory-plugin-arithmetic``) shows the embedded 135M model two example tool calls,
-which it then imitates, so these trajectories contain real calls written by a real model.
+The first test runs the embedded 135M model on the hf backend: the ``arithmetic`` env
+(``contrib/rlfactory-plugin-arithmetic``) shows it two example tool calls, which it then
+imitates, so its trajectories contain real calls written by a real model, token for token.
+The loop's mechanics (masks, budgets, failing tools and envs, cancelling, observers, groups)
+do not depend on what a model writes: they run on a ``ScriptedBackend`` that solves the task
+the way a trained model would (a calculator call, then the tool's result as the answer), so
+every turn they need happens, in seconds.
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ from rlfactory_core.rollout import (
     check_retokenization,
     rollout,
     rollout_metrics,
-    to_tensordict,
 )
 from rlfactory_core.rollout.backends.hf import HFBackend
-from rlfactory_core.testing import registered_plugin
+from rlfactory_core.testing import ScriptedBackend, registered_plugin
 from rlfactory_core.tools import function_tool
+from rlfactory_core.training.batch import to_tensordict
 from rlfactory_core.types import Message
 
 GREEDY = {"sampling": {"temperature": 0.0}, "max_tokens_per_turn": 48, "max_turns": 4}
@@ -46,6 +51,24 @@ def backend(default_model_dir):
 @pytest.fixture(scope="module")
 def parser():
     return get_component("parser", "qwen3")
+
+
+def solve(text: str) -> str:
+    """A model that has learned the arithmetic task: it calls the calculator on the question
+    asked last, then answers with what the tool returned (an error message included)."""
+    question = text.rsplit("What is ", 1)[1]
+    if "<tool_response>" not in question:
+        return CALL % question.split("?", 1)[0]
+    return "The answer is " + question.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
+
+
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
+
+
+@pytest.fixture
+def solver(chat):
+    """A scripted backend that solves every question in two turns (:func:`solve`)."""
+    return ScriptedBackend(chat.tokenizer, solve)
 
 
 def make_env(tool=None, **options) -> ArithmeticEnv:
@@ -88,11 +111,10 @@ async def test_multi_turn_rollout_is_token_exact(backend, chat, parser):
         assert check_retokenization(trajectory, chat).ok, check_retokenization(trajectory, chat).describe()
 
 
-async def test_loss_mask_covers_exactly_the_model_tokens(backend, chat, parser):
+async def test_loss_mask_covers_exactly_the_model_tokens(solver, chat, parser):
     env = make_env()
-    trajectories = await run(env, backend, chat, parser)
-    batch = to_tensordict(trajectories, pad_token_id=chat.tokenizer.pad_token_id, layout="padded")
-    packed = to_tensordict(trajectories, layout="packed")
+    trajectories = await run(env, solver, chat, parser)
+    batch = to_tensordict(trajectories, pad_token_id=chat.tokenizer.pad_token_id)
     for row, trajectory in enumerate(trajectories):
         model_ids = [i for s in trajectory.segments if s.kind == "model" for i in s.token_ids]
         model_logprobs = [lp for s in trajectory.segments if s.kind == "model" for lp in s.logprobs]
@@ -102,11 +124,7 @@ async def test_loss_mask_covers_exactly_the_model_tokens(backend, chat, parser):
         assert all(lp <= 0 for lp in model_logprobs)
         n = len(all_ids(trajectory))
         assert batch["input_ids"][row, :n].tolist() == all_ids(trajectory)
-        assert batch["attention_mask"][row].sum() == n
-        start, end = packed["cu_seqlens"][row].item(), packed["cu_seqlens"][row + 1].item()
-        assert packed["input_ids"][start:end].tolist() == all_ids(trajectory)
-        assert packed["loss_mask"][start:end].tolist() == batch["loss_mask"][row, :n].tolist()
-        assert packed["position_ids"][start:end].tolist() == list(range(n))
+        assert batch["attention_mask"][row].sum() == n and batch["lengths"][row] == n
 
 
 class RecordingBackend:
@@ -122,8 +140,8 @@ class RecordingBackend:
         return await self.backend.generate(prompt_ids, sampling)
 
 
-async def test_every_turn_samples_with_the_same_settings(backend, chat, parser):
-    recording = RecordingBackend(backend)
+async def test_every_turn_samples_with_the_same_settings(solver, chat, parser):
+    recording = RecordingBackend(solver)
     env = make_env(questions_per_episode=2)
     [trajectory] = await run(env, recording, chat, parser, env.dataset(1),
                              sampling={"temperature": 0.7, "top_p": 0.9, "seed": 3})
@@ -132,24 +150,24 @@ async def test_every_turn_samples_with_the_same_settings(backend, chat, parser):
     assert settings == {(0.7, 0.9, -1, 3)}
 
 
-async def test_token_budget_ends_the_trajectory_without_truncation(backend, chat, parser):
+async def test_token_budget_ends_the_trajectory_without_truncation(solver, chat, parser):
     env = make_env(questions_per_episode=3)
     [sample] = env.dataset(1)
-    [unbounded] = await run(env, backend, chat, parser, [sample], max_turns=1)
+    [unbounded] = await run(env, solver, chat, parser, [sample], max_turns=1)
     prompt_len = len(unbounded.prompt_ids)
     budget = prompt_len + 60
-    [trajectory] = await run(env, backend, chat, parser, [sample], max_trajectory_tokens=budget, max_turns=8)
+    [trajectory] = await run(env, solver, chat, parser, [sample], max_trajectory_tokens=budget, max_turns=8)
     assert trajectory.stop_reason == "token_budget"
     assert len(all_ids(trajectory)) <= budget
     # Either the last turn filled the budget, or the next observation did not fit.
     assert len(all_ids(trajectory)) == budget or "does not fit" in trajectory.metadata["error"]
-    [short] = await run(env, backend, chat, parser, [sample], max_trajectory_tokens=prompt_len)
+    [short] = await run(env, solver, chat, parser, [sample], max_trajectory_tokens=prompt_len)
     assert short.stop_reason == "prompt_too_long" and not short.segments
 
 
-async def test_max_turns(backend, chat, parser):
+async def test_max_turns(solver, chat, parser):
     env = make_env(questions_per_episode=3)
-    [trajectory] = await run(env, backend, chat, parser, env.dataset(1), max_turns=1)
+    [trajectory] = await run(env, solver, chat, parser, env.dataset(1), max_turns=1)
     assert trajectory.stop_reason == "max_turns" and trajectory.num_turns == 1
 
 
@@ -180,7 +198,7 @@ async def hang(expression):
     await asyncio.Event().wait()
 
 
-async def test_failing_hanging_and_unknown_tools_become_error_observations(backend, chat, parser):
+async def test_failing_hanging_and_unknown_tools_become_error_observations(solver, chat, parser):
     cases = {
         "exception": calculator_that(raise_error),
         "timeout": calculator_that(hang),
@@ -190,7 +208,7 @@ async def test_failing_hanging_and_unknown_tools_become_error_observations(backe
     for kind, tool in cases.items():
         env = make_env(tool)
         manager = ConcurrentToolManager(env.tools, timeout_s=0.3)
-        [trajectory] = await run(env, backend, chat, parser, env.dataset(1), manager=manager)
+        [trajectory] = await run(env, solver, chat, parser, env.dataset(1), manager=manager)
         assert trajectory.metadata["tool_errors"].get(kind, 0) >= 1, (kind, trajectory.metadata)
         failed = [r for r in trajectory.tool_results if not r.ok]
         assert failed and failed[0].error == kind
@@ -202,37 +220,32 @@ async def test_failing_hanging_and_unknown_tools_become_error_observations(backe
         assert metrics[f"rollout/tool_errors/{kind}"] >= 1
 
 
-async def test_slow_tool_is_waited_for(backend, chat, parser):
+async def test_slow_tool_is_waited_for(solver, chat, parser):
     async def slow(expression):
         await asyncio.sleep(0.4)
         return "84"
     env = make_env(calculator_that(slow))
-    [trajectory] = await run(env, backend, chat, parser, env.dataset(1))
+    [trajectory] = await run(env, solver, chat, parser, env.dataset(1))
     assert trajectory.tool_results and trajectory.tool_results[0].ok
     assert trajectory.tool_results[0].latency_s >= 0.4
 
 
-class MalformedCallsEnv(ArithmeticEnv):
-    """Shows example calls with single-quoted (invalid) JSON, which the model imitates."""
-
-    async def reset(self, sample):
-        reset = await super().reset(sample)
-        for message in reset.messages:
-            if message.role == "assistant":
-                message.content = message.content.replace('"', "'")
-        return reset
+def solve_with_single_quotes(text: str) -> str:
+    """A model that writes its calls with single-quoted (invalid) JSON."""
+    return solve(text).replace('"', "'")
 
 
-async def test_parse_errors_are_observed_counted_and_policy_applies(backend, chat, parser):
-    env = MalformedCallsEnv()
-    [observed] = await run(env, backend, chat, parser, env.dataset(1), max_turns=2)
+async def test_parse_errors_are_observed_counted_and_policy_applies(chat, parser):
+    env = make_env()
+    malformed = ScriptedBackend(chat.tokenizer, solve_with_single_quotes)
+    [observed] = await run(env, malformed, chat, parser, env.dataset(1), max_turns=2)
     assert observed.metadata["parse_errors"] >= 1
     assert observed.num_turns == 2  # the parse error was shown and the model went on
     assert any(m.role == "user" and "Error:" in m.content and "<tool_response>" in m.content
                for m in observed.messages)
-    [ended] = await run(env, backend, chat, parser, env.dataset(1), on_tool_error="end")
+    [ended] = await run(env, malformed, chat, parser, env.dataset(1), on_tool_error="end")
     assert ended.stop_reason == "tool_error" and ended.num_turns == 1
-    [penalised] = await run(env, backend, chat, parser, env.dataset(1), max_turns=1, on_tool_error="penalty",
+    [penalised] = await run(env, malformed, chat, parser, env.dataset(1), max_turns=1, on_tool_error="penalty",
                             tool_error_penalty=-0.5)
     assert penalised.turn_rewards[0] <= -0.5
 
@@ -257,10 +270,10 @@ class CountingEnv(ArithmeticEnv):
         self.closed += 1
 
 
-async def test_env_failures_end_only_their_trajectory_and_close_is_always_called(backend, chat, parser):
+async def test_env_failures_end_only_their_trajectory_and_close_is_always_called(solver, chat, parser):
     for where in ("reset", "step"):
         env = CountingEnv(fail_in=where)
-        trajectories = await run(env, backend, chat, parser, env.dataset(2))
+        trajectories = await run(env, solver, chat, parser, env.dataset(2))
         assert {t.stop_reason for t in trajectories} == {"env_error"}
         assert all(where in t.metadata["error"] for t in trajectories)
         assert env.closed == env.opened
@@ -281,15 +294,15 @@ class OneToolParser:
         return getattr(self.inner, name)
 
 
-async def test_a_parser_that_cannot_present_the_tools_ends_only_that_episode(backend, chat, parser):
+async def test_a_parser_that_cannot_present_the_tools_ends_only_that_episode(solver, chat, parser):
     env = CountingEnv()
-    trajectories = await run(env, backend, chat, OneToolParser(parser), env.dataset(2))
+    trajectories = await run(env, solver, chat, OneToolParser(parser), env.dataset(2))
     assert {t.stop_reason for t in trajectories} == {"env_error"}
     assert all("could not present the tools: ValueError: only the search tool" in t.metadata["error"] for t in trajectories)
     assert env.closed == env.opened == 2
 
 
-async def test_cancelling_a_rollout_closes_every_episode(backend, chat, parser):
+async def test_cancelling_a_rollout_closes_every_episode(solver, chat, parser):
     started = asyncio.Event()
 
     async def hang_until_cancelled(expression):
@@ -298,7 +311,7 @@ async def test_cancelling_a_rollout_closes_every_episode(backend, chat, parser):
 
     env = CountingEnv()
     env.tools = [calculator_that(hang_until_cancelled)]
-    task = asyncio.create_task(run(env, backend, chat, parser, env.dataset(2),
+    task = asyncio.create_task(run(env, solver, chat, parser, env.dataset(2),
                                    manager=ConcurrentToolManager(env.tools, timeout_s=60)))
     await asyncio.wait_for(started.wait(), timeout=120)
     task.cancel()
@@ -307,7 +320,7 @@ async def test_cancelling_a_rollout_closes_every_episode(backend, chat, parser):
     assert env.opened == 2 and env.closed == 2
 
 
-async def test_trajectories_never_wait_for_each_other(backend, chat, parser):
+async def test_trajectories_never_wait_for_each_other(solver, chat, parser):
     """One trajectory's tool blocks until the other trajectory has finished completely."""
     other_done = asyncio.Event()
 
@@ -329,13 +342,12 @@ async def test_trajectories_never_wait_for_each_other(backend, chat, parser):
     env = make_env(function_tool(calculator))
     manager = ConcurrentToolManager(env.tools, timeout_s=600)
     with registered_plugin(Observer()):
-        first, second = await run(env, backend, chat, parser, env.dataset(2), manager=manager)
+        first, second = await run(env, solver, chat, parser, env.dataset(2), manager=manager)
     assert other_done.is_set()
     assert first.tool_results and first.tool_results[0].ok
 
 
-@pytest.mark.exercises_hook("rlfactory_on_env_step")
-async def test_on_env_step_rewards_are_added_to_turn_rewards(backend, chat, parser):
+async def test_on_env_step_rewards_are_added_to_turn_rewards(solver, chat, parser):
     seen = []
 
     class Shaping:
@@ -346,13 +358,12 @@ async def test_on_env_step_rewards_are_added_to_turn_rewards(backend, chat, pars
 
     env = make_env()
     with registered_plugin(Shaping()):
-        [trajectory] = await run(env, backend, chat, parser, env.dataset(1))
+        [trajectory] = await run(env, solver, chat, parser, env.dataset(1))
     assert len(seen) == trajectory.num_turns
     assert trajectory.turn_rewards == [0.25] * trajectory.num_turns
 
 
-@pytest.mark.exercises_hook("rlfactory_on_trajectory_end")
-async def test_groups_and_trajectory_end_observer(backend, chat, parser):
+async def test_groups_and_trajectory_end_observer(solver, chat, parser):
     ended = []
 
     class Observer:
@@ -363,10 +374,10 @@ async def test_groups_and_trajectory_end_observer(backend, chat, parser):
     env = make_env()
     samples = env.dataset(2)
     with registered_plugin(Observer()):
-        trajectories = await run(env, backend, chat, parser, samples, group_size=2,
+        trajectories = await run(env, solver, chat, parser, samples, group_size=2,
                                  sampling={"temperature": 1.0, "seed": 0})
     assert [t.sample_id for t in trajectories] == [samples[0]["id"]] * 2 + [samples[1]["id"]] * 2
-    assert [t.metadata["group"] for t in trajectories] == [0, 0, 1, 1]
+    assert [t.group for t in trajectories] == [0, 0, 1, 1]
     assert sorted(sample_id for sample_id, _ in ended) == sorted(t.sample_id for t in trajectories)
     assert all(reason for _, reason in ended)
     metrics = rollout_metrics(trajectories)
@@ -374,11 +385,14 @@ async def test_groups_and_trajectory_end_observer(backend, chat, parser):
     assert sum(v for k, v in metrics.items() if k.startswith("rollout/stop/")) == pytest.approx(1.0)
 
 
-async def test_final_answer_comes_from_the_env(backend, chat, parser):
+async def test_final_answer_comes_from_the_env(solver, chat, parser):
     env = make_env()
-    [trajectory] = await run(env, backend, chat, parser, env.dataset(1))
+    [sample] = env.dataset(1)
+    [trajectory] = await run(env, solver, chat, parser, [sample])
     assert trajectory.stop_reason in ("env_done", "max_turns")
     if trajectory.stop_reason == "env_done":
         assert trajectory.final_answer is not None
+    # the solver answers with the calculator's result; the env reads the number from it
+    assert (trajectory.stop_reason, trajectory.final_answer) == ("env_done", sample["answer"])
     assert trajectory.messages[0] == Message(role="system", content=trajectory.messages[0].content)
     assert "<tools>" in trajectory.messages[0].content
