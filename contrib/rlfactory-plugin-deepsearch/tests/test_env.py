@@ -268,9 +268,11 @@ def test_rlf_data_build_deepsearch(tmp_path):
 
 
 @pytest.mark.slow
-def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path):
-    """`rlf train --env deepsearch` on the embedded model (tiny sizes, hf backend), then
-    `rlf eval --model RUN_DIR`: metrics, samples with searches, a checkpoint, a report."""
+def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path, tiny_model_dir):
+    """`rlf train --env deepsearch` (tiny sizes, hf backend), then `rlf eval --model RUN_DIR`:
+    metrics, samples with the worked searches, a checkpoint, a report. The run's mechanics,
+    not learning: a tiny random model with the embedded model's tokenizer (the learning run
+    is ``rlf train --env deepsearch``, recorded in bench/README.md)."""
     import json
     import os
     import subprocess
@@ -278,7 +280,7 @@ def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path):
 
     run_dir = tmp_path / "run"
     env_options = f"env_options={{data_dir: {built / 'data'}, cache_dir: {built / 'cache'}}}"
-    common = [env_options, "backend=hf", "data.eval_size=4", "logging.live=off"]
+    common = [env_options, "backend=hf", f"model.name={tiny_model_dir}", "data.eval_size=4", "logging.live=off"]
     log = tmp_path / "train.log"
     with open(log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "deepsearch",

@@ -1,9 +1,10 @@
-"""``rlf train --env android`` then ``rlf eval --env android --model RUN_DIR`` on the embedded
-model and the simulated phone (hf backend; one step of 2 tasks x 2 trajectories, the env's
-defaults otherwise): metrics with the reward's components, samples, a checkpoint, an
-evaluation report. Without the worked examples, which quadruple the prompt (~2,700 tokens
-instead of ~700) and so this test's time; ``test_android_env.py`` tests them through the
-run's parser."""
+"""``rlf train --env android`` then ``rlf eval --env android --model RUN_DIR`` on the simulated
+phone (hf backend; one step of 2 tasks x 2 trajectories, the env's defaults otherwise):
+metrics with the reward's components, samples, a checkpoint, an evaluation report. The
+run's mechanics, not learning: a tiny random model with the embedded model's tokenizer
+(``tiny_model_dir``); ``test_android_env.py`` runs scripted actions on the phone through the
+run's task. Without the worked examples, which quadruple the prompt (~2,700 tokens instead
+of ~700); ``test_android_env.py`` tests them through the run's parser."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import pytest
 
 
 @pytest.mark.slow
-def test_rlf_train_and_eval_android_end_to_end(tmp_path):
+def test_rlf_train_and_eval_android_end_to_end(tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
-    common = ["backend=hf", "data.eval_size=2", "logging.live=off", "rollout.max_turns=2",
+    common = ["backend=hf", f"model.name={tiny_model_dir}", "data.eval_size=2", "logging.live=off", "rollout.max_turns=2",
               "rollout.max_tokens_per_turn=48", "env_options={few_shot: false}"]
     log = tmp_path / "train.log"
     with open(log, "w") as out:

@@ -1,7 +1,8 @@
-"""``rlf train --env nl2sql`` then ``rlf eval --env nl2sql --model RUN_DIR`` on the embedded
-model (hf backend, two steps of 2 prompts x 2 trajectories, the env's embedded defaults
-otherwise): metrics with the reward's components and execution accuracy, samples, a
-checkpoint, an evaluation report."""
+"""``rlf train --env nl2sql`` then ``rlf eval --env nl2sql --model RUN_DIR`` (hf backend, two
+steps of 2 prompts x 2 trajectories, the env's embedded defaults otherwise): metrics with the
+reward's components and execution accuracy, samples, a checkpoint, an evaluation report.
+The run's mechanics, not learning: a tiny random model with the embedded model's tokenizer
+(``tiny_model_dir``); ``test_nl2sql_env.py`` scores scripted SQL through ``rlf eval``."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 
 
 @pytest.mark.slow
-def test_rlf_train_and_eval_nl2sql_end_to_end(built, tmp_path):
+def test_rlf_train_and_eval_nl2sql_end_to_end(built, tmp_path, tiny_model_dir):
     run_dir = tmp_path / "run"
-    common = [f"env_options={{data_dir: {built}}}", "backend=hf", "data.eval_size=4", "logging.live=off",
+    common = [f"env_options={{data_dir: {built}}}", "backend=hf", f"model.name={tiny_model_dir}", "data.eval_size=4", "logging.live=off",
               "rollout.max_turns=2", "rollout.max_tokens_per_turn=64"]
     log = tmp_path / "train.log"
     with open(log, "w") as out:
