@@ -468,9 +468,10 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
 
 
 @pytest.mark.slow
-def test_rlf_eval_reports_accuracy_and_tool_use(tmp_path):
+def test_rlf_eval_reports_accuracy_and_tool_use(tmp_path, tiny_model_dir):
+    # the mechanics of `rlf eval` (the CLI, the report, the samples), not the model's skill
     report = tmp_path / "report"
-    result = _rlf("eval", "--env", "arithmetic", "--model", "smollm2-135m-instruct", "--size", "4",
+    result = _rlf("eval", "--env", "arithmetic", "--model", str(tiny_model_dir), "--size", "4",
                   "--report", str(report), "backend=hf", "rollout.max_turns=2", "rollout.max_tokens_per_turn=40",
                   timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
