@@ -2,7 +2,7 @@
 
 One rollout-like batch (``--trajectories`` rows, lengths uniform in ``--min-len`` ..
 ``--max-len``, the last third of each scored, as in a multi-turn trajectory whose prompt and
-observations are not) goes through ``rlfactory_core.trainer._update_policy`` with the
+observations are not) goes through ``rlfactory_core.training.update.update_policy`` with the
 embedded SmolLM2-135M-Instruct, alternately padded and packed (``grpo.packing``), with the
 learning rate 0 so both see the same weights. The script prints the time of each update, the
 ratio, and the largest difference between the two layouts' float32 logprobs (they must agree).

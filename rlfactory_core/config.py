@@ -185,7 +185,7 @@ class ToolActorsSection(_Section):
 
 
 class RaySection(_Section):
-    """The ``ray`` engine (``engine: ray``): where each role runs (rlfactory_core.ray_engine)."""
+    """The ``ray`` engine (``engine: ray``): where each role runs (rlfactory_core.engines.ray)."""
 
     address: str | None = _field(None, "cluster to join (else $RAY_ADDRESS, else a local cluster is started)")
     num_cpus: int | None = _field(None, "CPUs a started local cluster offers (default: this machine's)", ge=1)

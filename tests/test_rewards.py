@@ -319,7 +319,7 @@ def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path):
     import json
 
     rlfactory_qwq_judge = pytest.importorskip("rlfactory_qwq_judge")
-    from rlfactory_core import trainer
+    from rlfactory_core.testing import train
     from rlfactory_core.metrics import read_metrics
 
     run_dir = tmp_path / "run"
@@ -333,7 +333,7 @@ def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path):
         "eval.save_samples=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=40",
         "logging.live=off", "logging.tensorboard=false", "train.steps=1", f"run_dir={run_dir}",
         f"rewards={json.dumps(rewards)}"])  # JSON is YAML: the multi-line template as it is
-    trainer.train(config)
+    train(config)
     step = read_metrics(run_dir)[1]
     for name in ("exact_match", "format", "arithmetic_verified", "qwq_judge"):
         assert f"reward/{name}" in step, name
