@@ -55,15 +55,14 @@ async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | No
     except BaseException:
         await task.close()
         raise
+    generation = LocalRollout(task, backend, ChatTemplate(tokenizer, processor=processor))
     try:
         if hasattr(backend, "start"):
             await backend.start()
-        chat = ChatTemplate(tokenizer, processor=processor)
-        metrics = await run_eval(0, samples, LocalRollout(task, backend, chat), config,
-                                 report_dir / "samples" if report_dir else None, tokenizer)
+        metrics = await run_eval(0, samples, generation, config, report_dir / "samples" if report_dir else None,
+                                 tokenizer)
     finally:
-        await backend.close()
-        await task.close()
+        await generation.close()
     report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),
               "metrics": metrics}
     if report_dir is not None:

@@ -33,15 +33,13 @@ class Task:
     eval_rewards: Any  # config.eval.rewards, or the training layer when those are not set
     offers_tools: bool
 
-    async def close_rewards(self) -> None:
+    async def close(self) -> None:
+        """The rewards (a judge's client), then the tool manager (an MCP env's servers): a
+        reward layer logs its rewards' failures to close, and a failing tool manager close
+        is ignored (the run's results are saved)."""
         await self.rewards.close()
         if self.eval_rewards is not self.rewards:
             await self.eval_rewards.close()
-
-    async def close(self) -> None:
-        """The rewards (a judge's client) and the tool manager (an MCP env's servers); a
-        failing tool manager close does not stop the rest."""
-        await self.close_rewards()
         with contextlib.suppress(Exception):
             await self.tool_manager.close()
 

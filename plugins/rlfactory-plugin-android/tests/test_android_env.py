@@ -426,8 +426,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
         assert metrics["reward/accuracy"] == 0.5 and metrics["reward/android_task/success"] == 0.5
         assert metrics["reward/android_task/actions"] == 2.0 and metrics["reward/errors"] == 0.0
     finally:
-        await built.tool_manager.close()
-        await built.close_rewards()
+        await built.close()
 
 
 # --------------------------------------------------------------------------- tasks and config

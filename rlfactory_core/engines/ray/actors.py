@@ -276,7 +276,4 @@ class RolloutWorker:
     async def close(self) -> None:
         generation = getattr(self, "generation", None)
         if generation is not None:
-            await generation.backend.close()
-            await generation.task.close_rewards()
-            with contextlib.suppress(Exception):
-                await generation.task.tool_manager.close()
+            await generation.close()
