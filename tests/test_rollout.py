@@ -111,9 +111,24 @@ async def test_multi_turn_rollout_is_token_exact(backend, chat, parser):
         assert check_retokenization(trajectory, chat).ok, check_retokenization(trajectory, chat).describe()
 
 
+class NumberedLogprobs:
+    """Gives every sampled token a log-probability of its own (a scripted backend gives them
+    all the same one), so a logprob shifted against its token shows."""
+
+    def __init__(self, backend):
+        self.backend, self.sampled = backend, 0
+
+    async def generate(self, prompt_ids, sampling):
+        generation = await self.backend.generate(prompt_ids, sampling)
+        n = len(generation.token_ids)
+        generation.logprobs = [-(self.sampled + i + 1) / 1000 for i in range(n)]
+        self.sampled += n
+        return generation
+
+
 async def test_loss_mask_covers_exactly_the_model_tokens(solver, chat, parser):
     env = make_env()
-    trajectories = await run(env, solver, chat, parser)
+    trajectories = await run(env, NumberedLogprobs(solver), chat, parser)
     batch = to_tensordict(trajectories, pad_token_id=chat.tokenizer.pad_token_id)
     for row, trajectory in enumerate(trajectories):
         model_ids = [i for s in trajectory.segments if s.kind == "model" for i in s.token_ids]
