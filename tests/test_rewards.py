@@ -310,17 +310,27 @@ def test_rule_rewards_are_registered():
 
 
 @pytest.mark.slow
-def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path):
-    """One real step (hf backend, the default model) scored by a rule, the judge plugin (the
-    default model as an in-process judge) and a tool-verified reward, each logged. The judge
-    gets the plugin's few-shot yes/no prompt, which the 135M model answers with a verdict word
-    (it ignores the default prompt's <score> request): the judge must really score, not only
-    fail into its fallback."""
+def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path, tiny_model_dir):
+    """One real step scored by a rule, the judge plugin (the default model as an in-process
+    judge on the hf backend) and a tool-verified reward, each logged. The judge gets the
+    plugin's few-shot yes/no prompt, which the 135M model answers with a verdict word (it
+    ignores the default prompt's <score> request): the judge must really score, not only
+    fail into its fallback. The policy's turns are scripted (an answer every time, sampled or
+    greedy) and its update runs on the tiny model: the rewards' plumbing through a run is
+    the point, not what the policy writes."""
     import json
+    from pathlib import Path
 
     rlfactory_qwq_judge = pytest.importorskip("rlfactory_qwq_judge")
-    from rlfactory_core.testing import train
     from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.models import load_tokenizer
+    from rlfactory_core.rollout import make_backend
+    from rlfactory_core.testing import ScriptedBackend, scripted_backend, train
+
+    def backend_for(path):  # the run builds two: the policy's (scripted) and the judge's (real)
+        if Path(path).resolve() == Path(tiny_model_dir).resolve():
+            return ScriptedBackend(load_tokenizer(path), lambda text: "The answer is 42.")
+        return make_backend("hf", path)
 
     run_dir = tmp_path / "run"
     judge = {"backend": "hf", "model": "smollm2-135m-instruct", "max_tokens": 4,
@@ -329,11 +339,13 @@ def test_rule_judge_and_tool_verified_rewards_run_in_a_training_step(tmp_path):
                {"name": "arithmetic_verified", "weight": 0.5},
                {"name": "qwq_judge", "weight": 0.5, "max_concurrency": 4, "options": judge}]
     config = load_config([], [
-        "backend=hf", "grpo.prompts_per_step=2", "grpo.group_size=2", "data.eval_size=2", "eval.every=1",
+        "backend=hf", f"model.name={tiny_model_dir}", "grpo.prompts_per_step=2", "grpo.group_size=2",
+        "data.eval_size=2", "eval.every=1",
         "eval.save_samples=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=40",
         "logging.live=off", "logging.tensorboard=false", "train.steps=1", f"run_dir={run_dir}",
         f"rewards={json.dumps(rewards)}"])  # JSON is YAML: the multi-line template as it is
-    train(config)
+    with scripted_backend(backend_for):
+        train(config)
     step = read_metrics(run_dir)[1]
     for name in ("exact_match", "format", "arithmetic_verified", "qwq_judge"):
         assert f"reward/{name}" in step, name

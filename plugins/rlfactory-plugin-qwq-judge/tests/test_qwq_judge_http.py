@@ -217,24 +217,29 @@ async def test_unknown_model_name_on_a_real_server(model_server, make_trajectory
 
 
 @pytest.mark.slow
-def test_judge_over_http_scores_a_training_step(model_server, tmp_path):
-    """One real step of the core's trainer (arithmetic env, hf backend, the default model) with
-    the judge behind the OpenAI-compatible server, next to a rule reward; the eval uses the
-    same rewards. The server answers with the embedded model, prompted with the few-shot
-    yes/no template, so the judge really scores instead of falling back."""
+def test_judge_over_http_scores_a_training_step(model_server, tmp_path, tiny_model_dir):
+    """One real step of the core's trainer (arithmetic env) with the judge behind the
+    OpenAI-compatible server, next to a rule reward; the eval uses the same rewards. The
+    server answers with the embedded model, prompted with the few-shot yes/no template, so the
+    judge really scores instead of falling back. The policy's turns are scripted (an answer
+    every time, sampled or greedy) and its update runs on the tiny model: the judge's
+    plumbing through a run is the point, not what the policy writes."""
     import json
 
-    from rlfactory_core.testing import load_config, read_metrics, train
+    from rlfactory_core import load_tokenizer
+    from rlfactory_core.testing import ScriptedBackend, load_config, read_metrics, scripted_backend, train
 
     model_server.requests.clear()
     run_dir = tmp_path / "run"
     judge = {"backend": "openai", "base_url": model_server.base_url(), "model": "smollm2", "max_tokens": 4,
              "timeout_s": 120, "prompt_template": FEW_SHOT_YES_NO_TEMPLATE}
     rewards = [{"name": "exact_match"}, {"name": "qwq_judge", "weight": 0.5, "options": judge}]
-    train(load_config([], [
-        "backend=hf", "grpo.prompts_per_step=1", "grpo.group_size=2", "data.eval_size=1", "eval.save_samples=1",
-        "rollout.max_turns=2", "rollout.max_tokens_per_turn=32", "logging.live=off", "logging.tensorboard=false",
-        "train.steps=1", f"run_dir={run_dir}", f"rewards={json.dumps(rewards)}"]))
+    with scripted_backend(lambda path: ScriptedBackend(load_tokenizer(path), lambda text: "The answer is 42.")):
+        train(load_config([], [
+            "backend=hf", f"model.name={tiny_model_dir}", "grpo.prompts_per_step=1", "grpo.group_size=2",
+            "data.eval_size=1", "eval.save_samples=1", "rollout.max_turns=2", "rollout.max_tokens_per_turn=32",
+            "logging.live=off", "logging.tensorboard=false", "train.steps=1", f"run_dir={run_dir}",
+            f"rewards={json.dumps(rewards)}"]))
     step = read_metrics(run_dir)[1]
     for prefix, trajectories in (("reward", 2), ("eval/reward", 1)):
         for key in ("exact_match", "qwq_judge", "qwq_judge/cache_hit", "mean", "errors"):
