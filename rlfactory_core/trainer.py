@@ -171,7 +171,20 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     async def save(at_step: int) -> None:
         nonlocal last_saved
         # A vision-language model's processor saves its tokenizer and its image processor.
-        await engine.save(run_dir, at_step, state=dict(state), tokenizer=processor or tokenizer)
+        writing = asyncio.ensure_future(engine.save(run_dir, at_step, state=dict(state),
+                                                    tokenizer=processor or tokenizer))
+        try:
+            await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            # A second Ctrl-C stops without saving, but a checkpoint being written is finished
+            # first (rlfactory_core.stopping): the engine writes it on a thread or on actors,
+            # which a cancelled await would leave writing while the process exits.
+            while not writing.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(writing)
+            writing.result()
+            last_saved = at_step
+            raise
         last_saved = at_step
 
     async def evaluate(at_step: int) -> dict[str, float]:
@@ -258,7 +271,9 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         if not stop.hard and finished_step > last_saved:
             if rng_before_step is not None:
                 set_rng_state(rng_before_step)
-            await save(finished_step)
+            with contextlib.suppress(asyncio.CancelledError):  # a second Ctrl-C: save() finished it first
+                await save(finished_step)
+            _uncancel()
         raise _interrupted(stop, run_dir, last_saved) from None
     finally:
         notify_end = functools.partial(notify, "rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))

@@ -273,6 +273,54 @@ def test_ctrl_c_during_an_update_finishes_and_saves_that_step(tmp_path, tiny_mod
     assert "train/loss" in records[1]
 
 
+@pytest.mark.parametrize("first_signal_during", ["update", "rollout"])
+def test_a_second_ctrl_c_during_a_save_lets_the_checkpoint_finish(tmp_path, tiny_model_dir, monkeypatch,
+                                                                  first_signal_during):
+    """The first Ctrl-C during step 1's update (the step is finished and saved) or during
+    step 2's rollout (step 2 is dropped, step 1 saved); the second while that checkpoint is
+    being written, on the engine's training thread. The checkpoint is finished, whole, and
+    the run ends as a stopped run (exit code 130) that names it."""
+    from rlfactory_core.config import load_config
+    from rlfactory_core.engines import local as local_engine
+    from rlfactory_core.testing import TrainingInterrupted, train
+    from rlfactory_core.training import checkpoint as checkpoints
+
+    real_update, real_rollout, real_save = local_engine.update_policy, local_engine.LocalRollout.rollout, \
+        checkpoints.save_checkpoint
+    rollouts = []
+
+    def update(*args, **kwargs):
+        if first_signal_during == "update":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        return real_update(*args, **kwargs)
+
+    async def rollout(self, *args, **kwargs):
+        rollouts.append(1)  # the eval before training, step 1, step 2
+        if first_signal_during == "rollout" and len(rollouts) == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return await real_rollout(self, *args, **kwargs)
+
+    def slow_save(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the second signal: the main thread takes it now
+        time.sleep(1.0)
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(local_engine, "update_policy", update)
+    monkeypatch.setattr(local_engine.LocalRollout, "rollout", rollout)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", slow_save)
+    run_dir = tmp_path / "run"
+    config = load_config([], ["env=arithmetic", *RUN, "train.steps=3", "checkpoint.every=1000", "logging.live=off",
+                              f"model.name={tiny_model_dir}", f"run_dir={run_dir}"])
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(config)
+    assert stopped.value.exit_code == 130
+    assert stopped.value.message.startswith("without saving: the newest checkpoint is step 1"), stopped.value.message
+    assert latest_checkpoint(run_dir).name == "step-000001"
+    assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text()) == {"step": 1, "position": 2}
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step-000001"]  # no leftovers
+
+
 def test_a_signal_while_the_run_closes_its_engines_does_not_cut_that_short():
     """vLLM's shutdown takes seconds: a Ctrl-C then says what is happening and leaves the
     closing alone; only the one after it acts as if rlfactory were not there."""
