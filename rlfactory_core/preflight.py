@@ -27,7 +27,6 @@ When the config fails its own validation, the later checks still run, on the raw
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -35,8 +34,9 @@ from typing import Any, Literal, Mapping, Sequence
 from .config import CONFIG_HINT, RunConfig, merge_dicts, merge_layers, validate_config
 from .errors import ConfigError, RLFactoryError, UnknownComponentError
 from .interfaces import accepts, member
+from .task import env_option_problems, option_problems, parameters_of
 
-__all__ = ["preflight", "checked_config", "run_problems", "raise_problems", "env_option_problems",
+__all__ = ["preflight", "checked_config", "run_problems", "raise_problems",
            "model_problem", "resolve_eval_model"]
 
 Purpose = Literal["train", "eval"]
@@ -122,7 +122,7 @@ def run_problems(
         options = tool_manager.get("options")
         if manager_cls is not None and isinstance(options, Mapping):
             # The first argument is the env's tools, passed by the run, not an option.
-            problems += _option_problems(manager_cls, options, "tool_manager.options",
+            problems += option_problems(manager_cls, options, "tool_manager.options",
                                          f"the {name!r} tool manager", skip=1)
     ray_section = values.get("ray") if isinstance(values.get("ray"), Mapping) else {}
     judge = ray_section.get("judge") if isinstance(ray_section.get("judge"), Mapping) else {}
@@ -142,7 +142,7 @@ def run_problems(
                     problems.append(problem)
             options = spec.get("options")
             if reward_cls is not None and isinstance(options, Mapping):
-                problems += _option_problems(reward_cls, options, f"{key}[{i}].options",
+                problems += option_problems(reward_cls, options, f"{key}[{i}].options",
                                              f"the {spec.get('name')!r} reward")
 
     options = values.get("env_options")
@@ -206,46 +206,6 @@ def judge_pool_problem(name: str, reward_cls: Any) -> str | None:
     return None
 
 
-def _parameters(target: Any) -> list[inspect.Parameter] | None:
-    try:
-        return list(inspect.signature(target).parameters.values())
-    except (TypeError, ValueError):  # a builtin or C extension: nothing to check against
-        return None
-
-
-def _option_problems(target: Any, options: Mapping[str, Any], key: str, what: str, skip: int = 0,
-                     internal: Sequence[str] = ()) -> list[str]:
-    """Options ``target``'s constructor does not take, and required ones not given. The
-    first ``skip`` parameters, and those named in ``internal``, are passed by the run."""
-    parameters = _parameters(target)
-    if parameters is None:
-        return []
-    named = [p for p in parameters[skip:]
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in internal]
-    names = [p.name for p in named]
-    problems = []
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-        problems += [f"{key}.{option}: {what} has no option {option!r} (its options: {', '.join(names) or 'none'})"
-                     for option in options if option not in names]
-    problems += [f"{key}.{p.name}: {what} needs this option (it has no default)"
-                 for p in named if p.default is p.empty and p.name not in options]
-    return problems
-
-
-def env_option_problems(env_cls: Any, env_name: str, options: Mapping[str, Any], parser: str | None) -> list[str]:
-    """``env_options`` the env's constructor cannot take, and an ``env_options.parser`` that
-    differs from the run's (an env that writes tool calls itself, in worked examples, must
-    write them the way the run's parser reads them)."""
-    problems = _option_problems(env_cls, options, "env_options", f"the {env_name!r} env")
-    if parser is not None and accepts("env", env_cls, "parser"):
-        chosen = options.get("parser", parser)
-        if chosen != parser:
-            problems.append(f"env_options.parser is {chosen!r} but the run's parser is {parser!r}: the env would "
-                            f"show the model tool calls the parser cannot read; drop env_options.parser (the env "
-                            f"then uses the run's parser)")
-    return problems
-
-
 def _data_problems(env_cls: Any, env_name: str, data: Mapping[str, Any], splits: Sequence[str]) -> list[str]:
     """Each split needs a readable JSONL file or the env's own ``dataset(size, split)``."""
     problems = []
@@ -259,7 +219,7 @@ def _data_problems(env_cls: Any, env_name: str, data: Mapping[str, Any], splits:
         # Only a dataset the class defines is checked: one set per instance is seen when the task is built.
         dataset = member("env", env_cls, "dataset") if env_cls is not None else None
         # A signature that cannot be read (a C extension) is given the benefit of the doubt.
-        if dataset is not None and _parameters(dataset) is not None:
+        if dataset is not None and parameters_of(dataset) is not None:
             if not accepts("env", dataset, "split"):
                 # Without splits, evaluation would run on training samples: refuse rather than guess.
                 problems.append(f"data.eval_file: the {env_name!r} env's dataset() has no split; give JSONL files "
@@ -277,7 +237,7 @@ def _backend_problems(backend: Any, options: Any) -> list[str]:
             # vLLM passes unknown options on to its engine arguments; the hf backend takes a fixed set.
             from .rollout.backends.hf import HFBackend
 
-            return _option_problems(HFBackend, options, "backend_options", "the 'hf' backend", skip=1,
+            return option_problems(HFBackend, options, "backend_options", "the 'hf' backend", skip=1,
                                     internal=("processor",))
     return []
 

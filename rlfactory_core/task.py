@@ -12,14 +12,15 @@ the ray engine's rollout workers); :meth:`Task.close` releases what the componen
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
 from .interfaces import accepts, member
 
-__all__ = ["Task", "build_env", "build_task"]
+__all__ = ["Task", "build_env", "build_task", "env_option_problems", "option_problems", "parameters_of"]
 
 
 @dataclass
@@ -47,7 +48,6 @@ class Task:
 def build_env(config: RunConfig) -> Any:
     """The env of ``config``, its options checked (all unknown ones reported at once)."""
     from .plugins import get_component
-    from .preflight import env_option_problems
 
     env_cls = get_component("env", config.env)
     env_options = dict(config.env_options)
@@ -101,3 +101,44 @@ def build_task(config: RunConfig, *, shared_tools: dict[str, Any] | None = None,
         config.eval.rewards, tool_manager, make_reward=make_reward)
     return Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, eval_rewards=eval_rewards,
                  offers_tools=bool(tools))
+
+
+def parameters_of(target: Any) -> list[inspect.Parameter] | None:
+    """The parameters of ``target``'s signature, or None when it cannot be read."""
+    try:
+        return list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C extension: nothing to check against
+        return None
+
+
+def option_problems(target: Any, options: Mapping[str, Any], key: str, what: str, skip: int = 0,
+                    internal: Sequence[str] = ()) -> list[str]:
+    """Options ``target``'s constructor does not take, and required ones not given. The
+    first ``skip`` parameters, and those named in ``internal``, are passed by the run."""
+    parameters = parameters_of(target)
+    if parameters is None:
+        return []
+    named = [p for p in parameters[skip:]
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in internal]
+    names = [p.name for p in named]
+    problems = []
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        problems += [f"{key}.{option}: {what} has no option {option!r} (its options: {', '.join(names) or 'none'})"
+                     for option in options if option not in names]
+    problems += [f"{key}.{p.name}: {what} needs this option (it has no default)"
+                 for p in named if p.default is p.empty and p.name not in options]
+    return problems
+
+
+def env_option_problems(env_cls: Any, env_name: str, options: Mapping[str, Any], parser: str | None) -> list[str]:
+    """``env_options`` the env's constructor cannot take, and an ``env_options.parser`` that
+    differs from the run's (an env that writes tool calls itself, in worked examples, must
+    write them the way the run's parser reads them)."""
+    problems = option_problems(env_cls, options, "env_options", f"the {env_name!r} env")
+    if parser is not None and accepts("env", env_cls, "parser"):
+        chosen = options.get("parser", parser)
+        if chosen != parser:
+            problems.append(f"env_options.parser is {chosen!r} but the run's parser is {parser!r}: the env would "
+                            f"show the model tool calls the parser cannot read; drop env_options.parser (the env "
+                            f"then uses the run's parser)")
+    return problems

@@ -8,6 +8,8 @@
   to import it), so the trainer can change shape without breaking them;
 - no import circles among the core's modules, function-local imports included (they are how
   a circle hides: it works until the first call in the wrong order);
+- data moves one way: every core module belongs to a layer of :data:`LAYERS`, and imports
+  only from its own layer and those before it;
 - no module of the core is longer than 600 lines unless its docstring has a line starting
   ``Size:`` that says why.
 
@@ -269,8 +271,8 @@ def test_the_core_has_no_import_circles():
             where = "in a function" if all(i.local for i in graph[here][there]) else "at import time"
             steps.append(f"    {imp.source}:{imp.line}: {here} imports {there} ({where})")
         problems.append(f"circle among {', '.join(component)}:\n" + "\n".join(steps)
-                        + "\n    break it: move what both need into a module lower in the order types -> plugins "
-                          "-> task -> models -> rollout -> training -> engines -> trainer, or pass it in")
+                        + "\n    break it: move what both need into a module of a lower layer (LAYERS), "
+                          "or pass it in")
     assert not problems, f"{len(problems)} import circle(s) in rlfactory_core:\n" + "\n".join(problems)
 
 
@@ -285,6 +287,53 @@ def test_no_core_module_is_over_600_lines_without_a_reason():
             problems.append(f"{path.relative_to(ROOT)}:1: {lines} lines (over {MAX_LINES}); split it along a real "
                             f"seam, or say why it is one module on a docstring line starting 'Size:'")
     assert not problems, f"{len(problems)} module(s) too long:\n" + "\n".join(problems)
+
+
+# The core's layers, in the order data flows through it (README, Layout). A module (or a
+# package, by its top-level name) imports only from its own layer and the layers before it.
+LAYERS = [
+    ("leaves", {"types", "errors", "version", "text", "threads", "_fs", "hookspecs", "logs", "datasets"}),
+    ("interfaces", {"interfaces", "tools"}),
+    ("plugins", {"plugins", "default_plugins", "tool_resolution", "rewards", "parser_conformance"}),
+    ("models", {"models"}),
+    ("rollout", {"rollout"}),
+    ("config", {"config"}),  # the run's config composes the sections the layers before it define
+    ("task", {"task", "data", "runs", "metrics"}),
+    ("training", {"training"}),
+    ("preflight", {"preflight", "stopping"}),
+    ("engines", {"engines"}),
+    ("evaluation", {"evaluation"}),
+    ("trainer", {"trainer"}),
+    ("the plugin API and the test kit", {"__init__", "testing"}),
+]
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[1] if "." in module else "__init__"
+    for rank, (_, members) in enumerate(LAYERS):
+        if top in members:
+            return rank
+    raise KeyError(top)
+
+
+def test_every_core_module_has_a_layer():
+    missing = sorted({m.split(".")[1] for m in core_modules() if "." in m} - set().union(*(m for _, m in LAYERS)))
+    assert not missing, f"add to a layer of LAYERS in tests/test_layout.py (and the README's Layout): {missing}"
+
+
+def test_data_moves_one_way_through_the_core():
+    """A module imports only from its own layer or an earlier one: a later layer (the
+    trainer, the engines) may change without breaking what comes before it."""
+    known = set(core_modules())
+    problems = []
+    for name, path in core_modules().items():
+        here = layer_of(name)
+        for imp in collect(path, known).imports:
+            if imp.target in known and layer_of(imp.target) > here:
+                problems.append(f"{imp.source}:{imp.line}: {name} ({LAYERS[here][0]}) imports {imp.target} "
+                                f"({LAYERS[layer_of(imp.target)][0]}, a later layer); move what it needs down, "
+                                f"or pass it in")
+    assert not problems, f"{len(problems)} import(s) against the flow:\n" + "\n".join(problems)
 
 
 def test_every_core_package_ships_in_the_distribution():
