@@ -1,7 +1,7 @@
 """Every check a run can make before it loads a model or writes a file, in one pass.
 
 ``rlf train`` and ``rlf eval`` (and :func:`rlfactory_core.trainer.train` /
-:func:`~rlfactory_core.trainer.evaluate` for library callers) start here, so a run with
+:func:`rlfactory_core.evaluation.evaluate` for library callers) start here, so a run with
 five mistakes reports five lines at once, before anything is announced, loaded or written:
 
 1. **the config itself** (:mod:`rlfactory_core.config`): files, overrides, the preset, the

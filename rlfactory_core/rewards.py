@@ -100,6 +100,14 @@ class ScoredBatch:
     # per trajectory: "<reward>: <why>" for each reward that failed on it (it scored its fallback)
     reward_errors: list[list[str]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # one entry per trajectory, whoever built the batch (an engine merging workers' parts)
+        self.turn_rewards = self.turn_rewards or [[] for _ in self.totals]
+        self.reward_errors = self.reward_errors or [[] for _ in self.totals]
+        if not len(self.totals) == len(self.turn_rewards) == len(self.reward_errors):
+            raise ValueError(f"a ScoredBatch of {len(self.totals)} trajectories has {len(self.turn_rewards)} "
+                             f"turn-reward rows and {len(self.reward_errors)} reward-error rows")
+
     def metrics(self, prefix: str) -> dict[str, float]:
         """``<prefix>/mean``, ``/std``, ``/accuracy`` (when known), ``/errors``, each
         component's mean over the trajectories it applied to, and, for a reward that did not

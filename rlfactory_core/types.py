@@ -154,10 +154,6 @@ class Trajectory:
 
     sample_id: str
     prompt_ids: list[int]
-    # The trajectory's group: the index, in the rollout call's samples, of the sample it was
-    # rolled out for (the ``group_size`` trajectories of one sample share it). Advantages
-    # are computed per group; None for a trajectory no rollout made.
-    group: int | None = None
     messages: list[Message] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -169,6 +165,11 @@ class Trajectory:
     # The env's per-trajectory state (from ``env.reset``) after the episode, for rewards;
     # not saved with the trajectory.
     env_state: Any = field(default=None, repr=False, compare=False)
+    # The trajectory's group: the index, in the rollout call's samples, of the sample it was
+    # rolled out for (the ``group_size`` trajectories of one sample share it). Advantages
+    # are computed per group; None for a trajectory no rollout made. Last, so that fields
+    # passed by position keep their places.
+    group: int | None = None
 
     @property
     def num_turns(self) -> int:

@@ -156,6 +156,11 @@ again. To move a plugin:
    hand-written backend.
 4. Run your tests with `RLFACTORY_STRICT_PLUGINS=1`: a range that excludes the running API
    is then an error instead of a skipped plugin.
+5. Data changes a plugin may see: a trajectory knows its group (`Trajectory.group`, the
+   index of its sample in the rollout; `metadata["group"]` is gone), and the reward layer
+   no longer writes into trajectories: a reward's per-turn rewards and a failing reward's
+   message are in the `ScoredBatch` it returns (`turn_rewards`, `reward_errors`, one row per
+   trajectory), not in `trajectory.turn_rewards` or `metadata["reward_errors"]`.
 
 | old module (0.1) | names | import them from |
 |---|---|---|

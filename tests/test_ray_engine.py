@@ -106,6 +106,9 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
             # same weights, same per-trajectory seeds: the same tokens on both engines
             assert [t.segments[0].token_ids for t in ray_trajectories] == [t.segments[0].token_ids
                                                                           for t in trajectories]
+            # each worker numbers its chunk's groups from 0; the driver's are the batch's
+            groups = [0, 0, 1, 1, 2, 2, 3, 3]
+            assert [t.group for t in ray_trajectories] == [t.group for t in trajectories] == groups
             base_next, _, _ = await local.rollout(samples, next_config, group_size=2)  # the base weights' step 2
             rewards = [1.0, 0.0, 0.5, 0.2, 0.0, 1.0, 0.3, 0.3]
             batch = build_batch(trajectories, rewards, config, tokenizer.pad_token_id)

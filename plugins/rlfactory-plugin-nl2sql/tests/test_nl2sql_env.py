@@ -307,7 +307,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
 
 
 def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(built, tmp_path, capsys):
-    """`rlf eval --env nl2sql`, in process, through the CLI and rlfactory_core.trainer.evaluate
+    """`rlf eval --env nl2sql`, in process, through the CLI and rlfactory_core.evaluation.evaluate
     (the env's run defaults, its eval reward with format_score 0, the agent loop, the
     report), with the generation backend replaced by the scripted model. Of 8 test
     questions it answers 5 with their gold SQL, one with another question's gold SQL (runs,
