@@ -52,7 +52,7 @@ from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
 from rlfactory_core.plugins import get_component
 from rlfactory_core.rollout import ChatTemplate, RolloutConfig, make_backend, rollout
-from rlfactory_core.rollout.agent_loop import _parse, _parse_error_results, _with_tools_prompt
+from rlfactory_core.rollout.agent_loop import parse_error_results, parse_turn, with_tools_prompt
 from rlfactory_core.types import Segment, ToolResult, Trajectory
 
 
@@ -120,7 +120,7 @@ async def lockstep_rollout(samples, *, env, parser, tool_manager, backend, chat,
     rows = []
     for i, sample in enumerate(samples):
         reset = await env.reset(sample)
-        messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
+        messages = with_tools_prompt(list(reset.messages), reset.tools, parser)
         rows.append(_Lockstep(str(i), sample, reset.state, chat.prompt_ids(messages), config.sampling_params(i)))
     try:
         for turn_index in range(config.max_turns):
@@ -136,7 +136,7 @@ async def lockstep_rollout(samples, *, env, parser, tool_manager, backend, chat,
             for row, generation in zip(active, generations):
                 row.context.extend(generation.token_ids)
                 row.trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs)))
-                turn = _parse(parser, chat.decode(generation.token_ids))
+                turn = parse_turn(parser, chat.decode(generation.token_ids))
                 row.trajectory.tool_calls.extend(turn.tool_calls)
                 turns.append(turn)
             # 2. every tool call of the batch; the batch waits for its slowest call
@@ -154,7 +154,7 @@ async def lockstep_rollout(samples, *, env, parser, tool_manager, backend, chat,
                         or turn_index + 1 == config.max_turns:
                     row.done = True
                     continue
-                observation = [*parser.render_tool_results([*_parse_error_results(turn), *results]),
+                observation = [*parser.render_tool_results([*parse_error_results(turn), *results]),
                                *step.observation]
                 ids = chat.observation_ids(generation.token_ids, observation)
                 if len(row.context) + len(ids) >= config.max_trajectory_tokens:

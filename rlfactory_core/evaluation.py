@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .config import RunConfig
 from .data import load_samples
 from .engines.base import rollout_config_for
-from .engines.local import LocalRollout, backend_for
+from .engines.local import LocalRollout
 from .task import build_task
 
 __all__ = ["evaluate", "run_eval", "tool_metrics", "eval_summary"]
@@ -40,7 +40,6 @@ async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | No
                     console: Any) -> dict[str, Any]:
     from .models import check_images, load_tokenizer
     from .preflight import resolve_eval_model
-    from .rollout import ChatTemplate
 
     # a run's newest checkpoint, a checkpoint, an embedded name (prepared), a directory or a hub id
     path = resolve_eval_model(model)
@@ -51,14 +50,11 @@ async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | No
         samples = load_samples(config, task.env, split, size)
         tokenizer = load_tokenizer(path)
         processor = check_images(config, task.env, path, training=False)
-        backend = backend_for(config, path)
+        generation = await LocalRollout.open(config, task, path, tokenizer, processor)
     except BaseException:
         await task.close()
         raise
-    generation = LocalRollout(task, backend, ChatTemplate(tokenizer, processor=processor))
     try:
-        if hasattr(backend, "start"):
-            await backend.start()
         metrics = await run_eval(0, samples, generation, config, report_dir / "samples" if report_dir else None,
                                  tokenizer)
     finally:
@@ -96,7 +92,8 @@ def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any
     each reward's score and any reward errors."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for row, (trajectory, sample) in enumerate(zip(trajectories, samples)):
+        for row, trajectory in enumerate(trajectories):
+            sample = samples[trajectory.group]
             ids = list(trajectory.prompt_ids) + [i for s in trajectory.segments for i in s.token_ids]
             f.write(json.dumps({
                 "sample_id": trajectory.sample_id, "reward": scored.totals[row], "rewards": scored.components[row],

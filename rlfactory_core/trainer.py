@@ -57,11 +57,11 @@ newest checkpoint with the same data order. The engines' own output goes to the 
 
 Batching (:mod:`rlfactory_core.training.batch`): the rollout batch travels as a
 ``tensordict.TensorDict`` (one row per trajectory). Micro-batches are trajectories of similar
-length; the vocabulary projection is applied only at the positions of sampled tokens. ``attn_implementation`` resolves to
-``flash_attention_2`` on a GPU with ``flash-attn`` installed (the ``gpu`` extra), else SDPA.
-With flash-attention, micro-batches are packed (``grpo.packing``): the trajectories are
-concatenated into one row with positions restarting at each, so no padding is computed and
-transformers runs flash-attention's varlen kernel. With SDPA the same packed row works
+length; the vocabulary projection is applied only at the positions of sampled tokens.
+``attn_implementation`` resolves to ``flash_attention_2`` on a GPU with ``flash-attn``
+installed (the ``gpu`` extra), else SDPA. With flash-attention, micro-batches are packed
+(``grpo.packing``): the trajectories are concatenated into one row with positions restarting
+at each, so no padding is computed and transformers runs flash-attention's varlen kernel. With SDPA the same packed row works
 (transformers builds a block-diagonal mask) and gives the same logprobs and gradients (tested),
 but attention then costs the whole [T, T] square; on this CPU that was slower than padding
 length-sorted micro-batches, so ``auto`` packs only with flash-attention.

@@ -1,7 +1,8 @@
 """The package version and the plugin API version, and the check of a plugin's declared range.
 
 The plugin API is what ``rlfactory_core`` exports (its ``__all__``) plus the hooks of
-:mod:`rlfactory_core.hookspecs` and the interfaces of :mod:`rlfactory_core.interfaces`.
+:mod:`rlfactory_core.hookspecs` and the interfaces of :mod:`rlfactory_core.interfaces`,
+and, for a plugin's tests, what ``rlfactory_core.testing`` exports (its ``__all__``).
 ``PLUGIN_API_VERSION`` is ``MAJOR.MINOR``: the minor grows when something is added (a
 hook, an argument, an optional member, an exported name), the major when something a
 plugin may use is removed or changed. A plugin states the range it works with as the

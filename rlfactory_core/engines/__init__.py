@@ -17,31 +17,22 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..errors import RLFactoryError
 from ..task import Task, build_task
 from .base import Engine, RolloutResult, rollout_config_for
 
 __all__ = ["Engine", "RolloutResult", "rollout_config_for", "make_engine", "build_driver_task"]
 
 
-class _ScoredOnJudgePool:
-    """The driver's stand-in for a reward the ray engine scores on its judge pool."""
-
-    description = "scored on the ray judge pool"
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def score(self, trajectory: Any, sample: Any) -> None:
-        raise RLFactoryError(f"the {self.name!r} reward is scored on the ray judge pool, not in the driver")
-
-
 def build_driver_task(config: RunConfig) -> Task:
     """The task of the process that runs the training loop: it gives the data and checks the
     config. With the ray engine the rollout workers score, so the judge pool's rewards (a
     judge model) are not built here."""
-    pooled = set(config.ray.judge.rewards) if config.engine == "ray" else set()
-    return build_task(config, make_reward=lambda spec: _ScoredOnJudgePool(spec.name) if spec.name in pooled else None)
+    if config.engine != "ray" or not config.ray.judge.rewards:
+        return build_task(config)
+    from .ray.actors import PooledReward  # a stand-in with no pool here: it says where it is scored
+
+    pooled = set(config.ray.judge.rewards)
+    return build_task(config, make_reward=lambda spec: PooledReward(spec.name, []) if spec.name in pooled else None)
 
 
 def make_engine(config: RunConfig, task: Task, tokenizer: Any, *, base_path: Path, checkpoint: Path | None,

@@ -46,6 +46,22 @@ class LocalRollout:
     def __init__(self, task: Task, backend: Any, chat: Any):
         self.task, self.backend, self.chat = task, backend, chat
 
+    @classmethod
+    async def open(cls, config: RunConfig, task: Task, model_path: Path | str, tokenizer: Any,
+                   processor: Any = None) -> LocalRollout:
+        """The config's backend for ``model_path``, started (a backend that fails to start is
+        closed), with ``task`` and the model's chat template."""
+        from ..rollout import ChatTemplate
+
+        backend = backend_for(config, model_path)
+        try:
+            if hasattr(backend, "start"):  # vLLM starts its engine processes; hf needs nothing
+                await backend.start()
+        except BaseException:
+            await backend.close()
+            raise
+        return cls(task, backend, ChatTemplate(tokenizer, processor=processor))
+
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
                       rewards: str = "train") -> RolloutResult:
         """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
@@ -82,7 +98,6 @@ class LocalEngine:
 
     async def start(self) -> dict[str, Any] | None:
         """Load the models and the backend; the checkpoint's state (None for a new run)."""
-        from ..rollout import ChatTemplate
         from ..training.checkpoint import load_checkpoint
 
         config, checkpoint = self.config, self.checkpoint
@@ -101,10 +116,8 @@ class LocalEngine:
         state = None
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.backend = backend_for(config, model_path)
-        if hasattr(self.backend, "start"):
-            await self.backend.start()
-        self.generation = LocalRollout(self.task, self.backend, ChatTemplate(self.tokenizer, processor=self.processor))
+        self.generation = await LocalRollout.open(config, self.task, model_path, self.tokenizer, self.processor)
+        self.backend = self.generation.backend
         return state
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,

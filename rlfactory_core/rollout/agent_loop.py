@@ -45,7 +45,8 @@ from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, 
 from .backends.base import Backend, SamplingParams
 from .render import ChatTemplate
 
-__all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_metrics", "STOP_REASONS"]
+__all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_metrics", "STOP_REASONS",
+           "with_tools_prompt", "parse_turn", "parse_error_results"]
 
 log = logging.getLogger("rlfactory.rollout")
 
@@ -94,7 +95,7 @@ class RolloutConfig(pydantic.BaseModel):
         )
 
 
-def _with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
+def with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
     """The opening messages with the tools described in the system prompt by the parser."""
     if not tools:
         return list(messages)
@@ -105,7 +106,9 @@ def _with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: An
     return [Message(role="system", content=parser.render_system_prompt("", tools)), *messages]
 
 
-def _parse(parser: Any, text: str) -> ParsedTurn:
+def parse_turn(parser: Any, text: str) -> ParsedTurn:
+    """The parser's reading of a model turn; a parser that raises (its contract says never)
+    gives a turn with one parse error instead, so one bug never ends the batch."""
     try:
         return parser.parse(text)
     except Exception as exc:  # noqa: BLE001 - the contract says never raise; a bug must not end the batch
@@ -114,7 +117,8 @@ def _parse(parser: Any, text: str) -> ParsedTurn:
         return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(f"the parser failed: {one_line(exc)}")])
 
 
-def _parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
+def parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
+    """The parse errors of a turn as tool results the model is shown."""
     return [ToolResult(name="parser", content=f"Error: {e.message}", error="parse_error") for e in turn.errors]
 
 
@@ -163,7 +167,7 @@ async def run_trajectory(
             return _end(trajectory, "env_error", f"env.reset failed: {one_line(exc)}")
         state = trajectory.env_state = reset.state
         try:
-            messages = _with_tools_prompt(list(reset.messages), reset.tools, parser)
+            messages = with_tools_prompt(list(reset.messages), reset.tools, parser)
         except Exception as exc:  # noqa: BLE001 - e.g. this episode's tools are ones the parser cannot show
             return _end(trajectory, "env_error", f"the parser could not present the tools: {one_line(exc)}")
         try:
@@ -199,7 +203,7 @@ async def run_trajectory(
             if generation.finish_reason == "abort":
                 return _end(trajectory, "aborted", "the backend aborted the request")
 
-            turn = _parse(parser, text)
+            turn = parse_turn(parser, text)
             trajectory.tool_calls.extend(turn.tool_calls)
             trajectory.metadata["parse_errors"] += len(turn.errors)
             results: list[ToolResult] = []
@@ -238,7 +242,7 @@ async def run_trajectory(
             if turn_index + 1 == config.max_turns:
                 return _end(trajectory, "max_turns")
 
-            observation = [*parser.render_tool_results([*_parse_error_results(turn), *results]), *step.observation]
+            observation = [*parser.render_tool_results([*parse_error_results(turn), *results]), *step.observation]
             try:
                 observation_ids = chat.observation_ids(generation.token_ids, observation)
             except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a message

@@ -33,12 +33,12 @@ class DataParallel:
     rank: int
     world: int
 
-    def rounds(self, groups: list[list[int]]) -> list[tuple[list[int], bool]]:
-        """This rank's micro-batches (of ``groups``, the whole batch's) as ``(rows, real)``;
-        ``real`` is False for padding."""
-        mine = groups[self.rank::self.world]
-        count = math.ceil(len(groups) / self.world)
-        return [(mine[i], True) if i < len(mine) else (groups[0], False) for i in range(count)]
+    def rounds(self, planned: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This rank's share of the whole batch's micro-batches (``planned``, the rows of
+        each), as ``(rows, real)``; ``real`` is False for padding."""
+        mine = planned[self.rank::self.world]
+        count = math.ceil(len(planned) / self.world)
+        return [(mine[i], True) if i < len(mine) else (planned[0], False) for i in range(count)]
 
 
 def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool,
@@ -49,9 +49,9 @@ def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, p
     import torch
 
     out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
-    groups = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
+    planned = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
     with torch.no_grad():
-        for micro_rows, real in dp.rounds(groups) if dp else [(m, True) for m in groups]:
+        for micro_rows, real in dp.rounds(planned) if dp else [(m, True) for m in planned]:
             micro = rows_of(batch, micro_rows)
             logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
                                           temperature=config.rollout.sampling.temperature)
@@ -112,8 +112,8 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
             if num_tokens == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
-            groups = micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed)
-            for micro_rows, real in dp.rounds(groups) if dp else [(m, True) for m in groups]:
+            planned = micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed)
+            for micro_rows, real in dp.rounds(planned) if dp else [(m, True) for m in planned]:
                 micro = rows_of(batch, micro_rows).to(device)
                 mask = micro["loss_mask"]
                 logprobs, entropies = token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,

@@ -242,9 +242,8 @@ class RolloutWorker:
     async def start(self, config_json: dict[str, Any], model_path: str, tokenizer_path: str,
                     tools: dict[str, Any], judges: list[Any], weights: Any = None) -> None:
         from ...models import load_tokenizer
-        from ...rollout import ChatTemplate
         from ...task import build_task
-        from ..local import LocalRollout, backend_for
+        from ..local import LocalRollout
 
         config = RunConfig.model_validate(config_json)
         shared = {}
@@ -254,12 +253,9 @@ class RolloutWorker:
         pooled = set(config.ray.judge.rewards)
         task = build_task(config, shared_tools=shared,
                            make_reward=lambda spec: PooledReward(spec.name, judges) if spec.name in pooled else None)
-        backend = backend_for(config, model_path)
-        if hasattr(backend, "start"):
-            await backend.start()
-        self.generation = LocalRollout(task, backend, ChatTemplate(load_tokenizer(tokenizer_path)))
+        self.generation = await LocalRollout.open(config, task, model_path, load_tokenizer(tokenizer_path))
         if weights is not None:
-            await backend.update_weights(weights)
+            await self.generation.backend.update_weights(weights)
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, group_size: int,
                       rewards: str) -> tuple[list[Any], Any, dict[str, float]]:

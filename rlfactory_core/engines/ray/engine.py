@@ -88,13 +88,6 @@ def _unreachable(address: str, timeout: float = _JOIN_TIMEOUT_S) -> str | None:
         return f"nothing answers at {host}:{port} ({type(exc).__name__}: {exc.strerror or exc})"
 
 
-def torch_gpus() -> int:
-    """The CUDA devices torch sees (0 without CUDA)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return {"CPU": cpus, **({"GPU": gpus} if gpus else {})}
 
@@ -163,12 +156,15 @@ class RayEngine:
             out.append(("tool_actors", len(r.tool_actors.names), _bundle(r.tool_actors.cpus, 0)))
         return out
 
-    def _check_resources(self, have: dict[str, float], where: str = "the cluster") -> None:
-        """Every role's request against ``have`` (a cluster's totals), all shortfalls in one error."""
+    def _check_resources(self, have: dict[str, float], where: str = "the cluster", *,
+                         known: tuple[str, ...] | None = None) -> None:
+        """Every role's request against ``have`` (a cluster's totals; only the ``known``
+        resources when given), all shortfalls in one error."""
         need: dict[str, float] = {}
         for _, count, bundle in self._demands():
             for key, value in bundle.items():
-                need[key] = need.get(key, 0.0) + count * value
+                if known is None or key in known:
+                    need[key] = need.get(key, 0.0) + count * value
         short = [f"{key}: the roles need {value:g}, {where} has {have.get(key, 0):g}"
                  for key, value in need.items() if value > have.get(key, 0) + 1e-9]
         if short:
@@ -178,21 +174,21 @@ class RayEngine:
                                    "local cluster raise ray.num_cpus / ray.num_gpus")
 
     def _local_cluster_resources(self) -> dict[str, float]:
-        """What ``ray.init`` would give a local cluster: ``ray.num_cpus`` / ``ray.num_gpus``,
-        else the CPUs this process may use and the GPUs torch sees."""
+        """The resources a local cluster started for this run is known to have before it
+        starts: those the config pins (``ray.num_cpus``, ``ray.num_gpus``). What Ray would
+        detect itself (cgroup quotas, GPUs) is checked once it runs."""
         r = self.config.ray
-        cpus = r.num_cpus if r.num_cpus is not None else len(os.sched_getaffinity(0))
-        gpus = r.num_gpus if r.num_gpus is not None else torch_gpus()
-        return {"CPU": float(cpus), "GPU": float(gpus)}
+        pinned = {"CPU": r.num_cpus, "GPU": r.num_gpus}
+        return {key: float(value) for key, value in pinned.items() if value is not None}
 
-    def _placement_group(self, role: str, count: int, bundle: dict[str, float], strategy: str) -> Any:
+    async def _placement_group(self, role: str, count: int, bundle: dict[str, float], strategy: str) -> Any:
         from ray.util.placement_group import placement_group, remove_placement_group
 
         group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
         self.placement_groups.append(group)
-        try:
-            ray.get(group.ready(), timeout=self.config.ray.placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
+        try:  # awaited, not ray.get: a stop request during a long wait cancels it
+            await asyncio.wait_for(group.ready(), timeout=self.config.ray.placement_timeout_s)
+        except TimeoutError:
             remove_placement_group(group)
             self.placement_groups.remove(group)
             raise RLFactoryError(
@@ -216,8 +212,9 @@ class RayEngine:
 
         r = self.config.ray
         if not (self.config.ray.address or os.environ.get("RAY_ADDRESS")) and not ray.is_initialized():
-            # A cluster this run would start: its size is known before starting it.
-            self._check_resources(self._local_cluster_resources(), "the local cluster this run would start")
+            # A cluster this run would start: what the config pins is known before starting it.
+            pinned = self._local_cluster_resources()
+            self._check_resources(pinned, "the local cluster this run would start", known=tuple(pinned))
         self._connect()
         have = ray.cluster_resources()
         self._check_resources(have)
@@ -226,27 +223,27 @@ class RayEngine:
                   f"{len(ray.nodes())} node(s)")
         if r.placement == "colocated":
             _, count, bundle = self._demands()[0]
-            shared = self._placement_group("trainer+rollout", count, bundle, "PACK")
+            shared = await self._placement_group("trainer+rollout", count, bundle, "PACK")
             trainer_bundles = [(shared, i % count) for i in range(r.trainer.workers)]
             self.rollout_bundles = [(shared, i % count) for i in range(r.rollout.workers)]
         else:
-            trainers = self._placement_group("trainer", r.trainer.workers, _bundle(r.trainer.cpus, r.trainer.gpus),
-                                             "PACK")
-            rollouts = self._placement_group("rollout", r.rollout.workers, _bundle(r.rollout.cpus, r.rollout.gpus),
-                                             "SPREAD")
+            trainers = await self._placement_group("trainer", r.trainer.workers,
+                                                   _bundle(r.trainer.cpus, r.trainer.gpus), "PACK")
+            rollouts = await self._placement_group("rollout", r.rollout.workers,
+                                                   _bundle(r.rollout.cpus, r.rollout.gpus), "SPREAD")
             trainer_bundles = [(trainers, i) for i in range(r.trainer.workers)]
             self.rollout_bundles = [(rollouts, i) for i in range(r.rollout.workers)]
 
         if r.tool_actors.names:
-            group = self._placement_group("tool_actors", len(r.tool_actors.names), _bundle(r.tool_actors.cpus, 0),
-                                          "SPREAD")
+            group = await self._placement_group("tool_actors", len(r.tool_actors.names),
+                                                _bundle(r.tool_actors.cpus, 0), "SPREAD")
             for i, name in enumerate(r.tool_actors.names):
                 self.tool_actors[name] = remote(ToolActor).options(
                     max_restarts=-1, num_cpus=r.tool_actors.cpus, max_concurrency=r.tool_actors.max_concurrency,
                     scheduling_strategy=self._on(group, i)).remote(self.config_json, name)
             await self._ready("tool actor", [a.describe.remote() for a in self.tool_actors.values()])
         if r.judge.rewards:
-            group = self._placement_group("judge", r.judge.workers, _bundle(r.judge.cpus, r.judge.gpus), "SPREAD")
+            group = await self._placement_group("judge", r.judge.workers, _bundle(r.judge.cpus, r.judge.gpus), "SPREAD")
             self.judges = [remote(JudgeActor).options(max_restarts=-1, num_cpus=r.judge.cpus, num_gpus=r.judge.gpus,
                                                       max_concurrency=1000, scheduling_strategy=self._on(group, i))
                            .remote(self.config_json, threads_for(self.config, r.judge.cpus))
