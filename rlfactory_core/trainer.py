@@ -118,6 +118,7 @@ def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, co
 
 async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Path:
     import torch
+
     # ---- the task, the data and the model: every check that needs them, before the run is
     # announced or anything written (the config's own checks ran in train()).
     checkpoint = latest_checkpoint(resume) if resume is not None else None
@@ -171,21 +172,11 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     async def save(at_step: int) -> None:
         nonlocal last_saved
         # A vision-language model's processor saves its tokenizer and its image processor.
-        writing = asyncio.ensure_future(engine.save(run_dir, at_step, state=dict(state),
-                                                    tokenizer=processor or tokenizer))
-        try:
-            await asyncio.shield(writing)
-        except asyncio.CancelledError:
-            # A second Ctrl-C stops without saving, but a checkpoint being written is finished
-            # first (rlfactory_core.stopping): the engine writes it on a thread or on actors,
-            # which a cancelled await would leave writing while the process exits.
-            while not writing.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(writing)
-            writing.result()
-            last_saved = at_step
-            raise
+        cancelled = await _to_completion(engine.save(run_dir, at_step, state=dict(state),
+                                                     tokenizer=processor or tokenizer))
         last_saved = at_step
+        if cancelled:  # a second Ctrl-C arrived while it was written: stop now, without more saving
+            raise asyncio.CancelledError
 
     async def evaluate(at_step: int) -> dict[str, float]:
         return await stop.droppable(run_eval(at_step, eval_samples, engine, config, run_dir / "samples", tokenizer))
@@ -360,6 +351,23 @@ async def _close(stop: Any, engine: Any, task: Any, *, cancelled: bool = False, 
         await task.close()
     finally:
         stop.remove()
+
+
+async def _to_completion(work: Any) -> bool:
+    """Await ``work`` to its end even when this task is cancelled meanwhile; whether it was.
+    A checkpoint being written is finished first (:mod:`rlfactory_core.stopping`): the engines
+    write it on a thread or on actors, which a cancelled await would leave writing while the
+    process exits."""
+    pending = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(pending)
+            return cancelled
+        except asyncio.CancelledError:
+            if pending.cancelled():
+                raise
+            cancelled = True
 
 
 def _interrupted(stop: Any, run_dir: Path, saved: int) -> TrainingInterrupted:
