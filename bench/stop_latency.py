@@ -68,14 +68,11 @@ def main() -> None:
     parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (x2 trajectories each)")
     args = parser.parse_args()
+    from rlfactory_core.testing import write_distribution
+
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        site = root / "site"
-        info = site / "rlf_bench_stalling-0.1.dist-info"
-        info.mkdir(parents=True)
-        (site / "rlf_bench_stalling.py").write_text(PLUGIN)
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlf-bench-stalling\nVersion: 0.1\n")
-        (info / "entry_points.txt").write_text("[rlfactory]\nstalling = rlf_bench_stalling\n")
+        site = write_distribution(root / "site", "rlf-bench-stalling", "stalling", "rlf_bench_stalling", PLUGIN)
         model = tiny_model(root / "model")
         marker = root / "stalled"
         hanging = args.prompts * 2

@@ -45,6 +45,7 @@ __all__ = [
     "registered_plugin",
     "installed_plugins",
     "assert_discovered",
+    "write_distribution",
     "ScriptedBackend",
     "Reply",
     "scripted_backend",
@@ -90,6 +91,26 @@ def registered_plugin(plugin: Any, name: str = "test-plugin") -> Iterator[pluggy
         yield pm
     finally:
         plugins.reset_plugins()
+
+
+def write_distribution(root: Any, dist_name: str, entry_point: str, module_name: str, source: str,
+                       version: str = "0.1.0") -> Any:
+    """A plugin distribution as ``pip install --target ROOT`` leaves it: the module
+    ``module_name`` (``source``, dedented) and a dist-info with METADATA and an
+    ``entry_points.txt`` naming it as the rlfactory entry point ``entry_point``. Put ``root``
+    on ``sys.path`` (or a subprocess's ``PYTHONPATH``) and the plugin is installed; returns
+    ``root``."""
+    import textwrap
+    from pathlib import Path
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module_name}.py").write_text(textwrap.dedent(source))
+    dist_info = root / f"{dist_name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
+    (dist_info / "entry_points.txt").write_text(f"[{plugins.ENTRY_POINT_GROUP}]\n{entry_point} = {module_name}\n")
+    return root
 
 
 @contextmanager

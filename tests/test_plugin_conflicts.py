@@ -12,14 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from rlfactory_core import hookimpl, plugins
 from rlfactory_core.errors import DuplicateComponentError, PluginError, RegistrationError, UnknownComponentError
-from rlfactory_core.testing import registered_plugin
+from rlfactory_core.testing import registered_plugin, write_distribution
 
 # A stray package that registers names first-party plugins have (the parser `qwen3`, the
 # env `arithmetic`, the built-in tool `calculator`), one name nobody else has, and a
@@ -96,18 +95,6 @@ def rlfactory_register_rewards(register):
 '''
 
 INTRUDER_DIST = "rlfactory-plugin-intruder"
-
-
-def write_distribution(root: Path, dist_name: str, entry_point: str, module_name: str, source: str) -> Path:
-    """A distribution as ``pip install --target ROOT`` leaves it: the module and a dist-info
-    with METADATA and entry_points.txt."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / f"{module_name}.py").write_text(textwrap.dedent(source))
-    dist_info = root / f"{dist_name.replace('-', '_')}-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
-    (dist_info / "entry_points.txt").write_text(f"[rlfactory]\n{entry_point} = {module_name}\n")
-    return root
 
 
 @pytest.fixture

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 
 from rlfactory_core import PLUGIN_API_VERSION, hookimpl, plugins
 from rlfactory_core.errors import DuplicateComponentError, PluginError, RegistrationError, UnknownComponentError
-from rlfactory_core.testing import registered_plugin
+from rlfactory_core.testing import registered_plugin, write_distribution
 from rlfactory_core.types import EnvReset, EnvStep, Message, ParsedTurn, RewardOutput, ToolCall, ToolResult, Trajectory
 
 
 def install_fake_distribution(monkeypatch, root, dist_name, entry_point, module_name, source):
     """A real installed distribution (dist-info + module on sys.path) declaring an entry point."""
-    (root / f"{module_name}.py").write_text(textwrap.dedent(source))
-    dist_info = root / f"{dist_name.replace('-', '_')}-0.1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.1.0\n")
-    (dist_info / "entry_points.txt").write_text(f"[rlfactory]\n{entry_point} = {module_name}\n")
+    write_distribution(root, dist_name, entry_point, module_name, source)
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.delitem(__import__("sys").modules, module_name, raising=False)
 

@@ -96,12 +96,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 @pytest.fixture
 def plugin_env(tmp_path):
     """The environment of a process that has the ``stalling`` plugin."""
-    site = tmp_path / "site"
-    info = site / "rlf_test_stalling-0.1.dist-info"
-    info.mkdir(parents=True)
-    (site / "rlf_test_stalling.py").write_text(PLUGIN)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlf-test-stalling\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[rlfactory]\nstalling = rlf_test_stalling\n")
+    from rlfactory_core.testing import write_distribution
+
+    site = write_distribution(tmp_path / "site", "rlf-test-stalling", "stalling", "rlf_test_stalling", PLUGIN)
     env = {k: v for k, v in os.environ.items() if k not in ("RLFACTORY_DEBUG", "FORCE_COLOR", "TTY_COMPATIBLE")}
     return {**env, "PYTHONPATH": str(site)}
 
