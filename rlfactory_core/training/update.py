@@ -20,7 +20,7 @@ from ..config import RunConfig
 from .batch import micro_batches, rows_of
 from .logprobs import token_logprobs
 
-__all__ = ["update_policy", "batch_logprobs", "DataParallel"]
+__all__ = ["update_policy", "batch_logprobs", "DataParallel", "SINGLE_PROCESS"]
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,15 @@ class DataParallel:
     """This process's place in a trainer group (the ray engine): every rank holds the whole
     batch and takes every ``world``-th micro-batch. FSDP2 runs collectives in each forward
     and backward, so every rank runs the same number of them: a rank with fewer real
-    micro-batches runs a zero-weight one."""
+    micro-batches runs a zero-weight one. :data:`SINGLE_PROCESS` (rank 0 of 1) is the local
+    engine's: every micro-batch, no collectives, so the update has one code path."""
 
     rank: int
     world: int
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
 
     def rounds(self, planned: list[list[int]]) -> list[tuple[list[int], bool]]:
         """This rank's share of the whole batch's micro-batches (``planned``, the rows of
@@ -40,34 +45,60 @@ class DataParallel:
         count = math.ceil(len(planned) / self.world)
         return [(mine[i], True) if i < len(mine) else (planned[0], False) for i in range(count)]
 
+    def combine_rows(self, out: Any, model: Any) -> None:
+        """Every rank's rows of ``out`` (each filled its own, zeros elsewhere) on every rank."""
+        if not self.distributed:
+            return
+        import torch
 
-def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool,
-                   dp: DataParallel | None = None) -> Any:
-    """``[B, L]`` logprobs under ``model`` of the sampled tokens of ``rows`` of the batch, without
-    gradient (old and reference logprobs); zeros elsewhere. With ``dp``, every rank computes
-    its share and the result is the whole batch's on every rank."""
-    import torch
-
-    out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
-    planned = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
-    with torch.no_grad():
-        for micro_rows, real in dp.rounds(planned) if dp else [(m, True) for m in planned]:
-            micro = rows_of(batch, micro_rows)
-            logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
-                                          temperature=config.rollout.sampling.temperature)
-            if real:
-                out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
-    if dp:  # each rank filled its rows, zeros elsewhere
         torch.distributed.all_reduce(out)
         # FSDP2 keeps per-iteration state that only a backward clears; left over from
         # forwards without one, it kept the next backward from reducing the root's
         # gradients (embeddings, final norm: None), so clear it.
         model.reset_iter_state()
+
+    def combine_statistics(self, sums: Counter[str], counts: Counter[str]) -> tuple[Counter[str], Counter[str]]:
+        """Every rank's sums and weights added up (``train/ratio_max``: the largest)."""
+        if not self.distributed:
+            return sums, counts
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (dict(sums), dict(counts)))
+        all_sums: Counter[str] = Counter()
+        all_counts: Counter[str] = Counter()
+        for rank_sums, rank_counts in gathered:
+            for key, value in rank_sums.items():
+                all_sums[key] = max(all_sums[key], value) if key == "train/ratio_max" else all_sums[key] + value
+            all_counts.update(rank_counts)
+        return all_sums, all_counts
+
+
+SINGLE_PROCESS = DataParallel(rank=0, world=1)
+
+
+def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool,
+                   dp: DataParallel = SINGLE_PROCESS) -> Any:
+    """``[B, L]`` logprobs under ``model`` of the sampled tokens of ``rows`` of the batch, without
+    gradient (old and reference logprobs); zeros elsewhere. In a trainer group every rank
+    computes its share and the result is the whole batch's on every rank."""
+    import torch
+
+    out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
+    planned = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
+    with torch.no_grad():
+        for micro_rows, real in dp.rounds(planned):
+            micro = rows_of(batch, micro_rows)
+            logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
+                                          temperature=config.rollout.sampling.temperature)
+            if real:
+                out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
+    dp.combine_rows(out, model)
     return out
 
 
 def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config: RunConfig, *,
-                   step: int = 0, packed: bool = False, dp: DataParallel | None = None) -> dict[str, float]:
+                   step: int = 0, packed: bool = False, dp: DataParallel = SINGLE_PROCESS) -> dict[str, float]:
     """The optimizer steps on one rollout batch (a TensorDict, see above); their statistics.
 
     ``dp``: one rank of an FSDP2 trainer group (the ray engine). The mini-batches and their
@@ -100,7 +131,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
 
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
-    ranks = dp.world if dp else 1
+    ranks = dp.world
     shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
     for _epoch in range(g.epochs):
         order = list(rows)
@@ -113,7 +144,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
                 continue
             optimizer.zero_grad(set_to_none=True)
             planned = micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed)
-            for micro_rows, real in dp.rounds(planned) if dp else [(m, True) for m in planned]:
+            for micro_rows, real in dp.rounds(planned):
                 micro = rows_of(batch, micro_rows).to(device)
                 mask = micro["loss_mask"]
                 logprobs, entropies = token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,
@@ -157,8 +188,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
             optimizer.step()
             counts["train/loss"] += 1 / ranks
             sums["train/optimizer_steps"] += 1 / ranks
-    if dp:
-        sums, counts = _merge_rank_statistics(sums, counts)
+    sums, counts = dp.combine_statistics(sums, counts)
     out = {}
     for key, total in sums.items():
         if key in ("train/ratio_max", "train/trained_tokens", "train/optimizer_steps"):
@@ -169,18 +199,3 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
         out["train/optimizer_steps"] = round(out["train/optimizer_steps"])
     out.setdefault("train/kl", 0.0)
     return out
-
-
-def _merge_rank_statistics(sums: Counter[str], counts: Counter[str]) -> tuple[Counter[str], Counter[str]]:
-    """Every rank's sums and weights added up (``train/ratio_max``: the largest)."""
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (dict(sums), dict(counts)))
-    all_sums: Counter[str] = Counter()
-    all_counts: Counter[str] = Counter()
-    for rank_sums, rank_counts in gathered:
-        for key, value in rank_sums.items():
-            all_sums[key] = max(all_sums[key], value) if key == "train/ratio_max" else all_sums[key] + value
-        all_counts.update(rank_counts)
-    return all_sums, all_counts
