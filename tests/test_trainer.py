@@ -18,7 +18,8 @@ from rlfactory_core.evaluation import evaluate
 from rlfactory_core.task import build_task
 from rlfactory_core.training.batch import build_batch, micro_batches, turn_reward_tensor
 from rlfactory_core.training.logprobs import token_logprobs
-from rlfactory_core.training.policy import attn_implementation, load_policy, use_packing, weights_for_backend
+from rlfactory_core.training.policy import (FrozenReference, attn_implementation, load_policy, use_packing,
+                                           weights_for_backend)
 from rlfactory_core.training.update import batch_logprobs, update_policy
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
@@ -213,7 +214,7 @@ def test_multi_epoch_updates_use_recomputed_old_logprobs_and_kl():
                               "grpo.kl_coef=0.1", "grpo.tis_cap=2.0"])
     model, reference = tiny_model(), tiny_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    stats = update_policy(model, reference, optimizer, _batch_for(model, config), config)
+    stats = update_policy(model, FrozenReference(reference), optimizer, _batch_for(model, config), config)
     assert stats["train/optimizer_steps"] == 4
     assert stats["train/kl"] > 0  # later mini-batches run on a policy that moved away
     assert "train/tis_weight_mean" in stats and stats["train/sampler_logprob_diff"] > 0

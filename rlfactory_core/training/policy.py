@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import ctypes
 import math
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..config import RunConfig
 from ..errors import ConfigError
 
 __all__ = ["training_device", "attn_implementation", "use_packing", "load_policy", "load_reference",
+           "FrozenReference", "AdaptersOff",
            "build_optimizer", "lr_scheduler", "weights_for_backend", "return_freed_memory"]
 
 
@@ -80,17 +82,45 @@ def load_policy(config: RunConfig, model_path: str | Path, device: Any, adapter:
     return model
 
 
-def load_reference(config: RunConfig, base_path: str | Path, device: Any) -> Any:
-    """The frozen reference model of the KL term, or None: without a KL term, and with LoRA
-    (the reference is then the policy with its adapters switched off)."""
-    if not config.grpo.kl_coef > 0 or config.model.lora.enabled:
+class FrozenReference:
+    """The KL term's reference: a frozen copy of the base model."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    @contextmanager
+    def scoring(self) -> Iterator[Any]:
+        """The model that scores the reference logprobs."""
+        yield self.model
+
+
+class AdaptersOff:
+    """With LoRA, the KL term's reference is the policy with its adapters switched off: the
+    base model, without a second copy of it."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+
+    @contextmanager
+    def scoring(self) -> Iterator[Any]:
+        with self.policy.disable_adapter():
+            yield self.policy
+
+
+def load_reference(config: RunConfig, base_path: str | Path, device: Any, policy: Any) -> Any:
+    """The KL term's reference (something with a ``scoring()`` context that gives the model
+    to score with), or None without a KL term: the policy with its adapters off with LoRA,
+    else a frozen copy of the base model."""
+    if not config.grpo.kl_coef > 0:
         return None
+    if config.model.lora.enabled:
+        return AdaptersOff(policy)
     from ..models import load_model
 
     reference = load_model(base_path, dtype=config.model.dtype, device=device).eval()
     reference.config._attn_implementation = attn_implementation(config, device)  # noqa: SLF001
     reference.requires_grad_(False)
-    return reference
+    return FrozenReference(reference)
 
 
 def build_optimizer(model: Any, config: RunConfig) -> tuple[Any, Any]:

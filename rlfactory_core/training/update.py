@@ -100,6 +100,8 @@ def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, p
 def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config: RunConfig, *,
                    step: int = 0, packed: bool = False, dp: DataParallel = SINGLE_PROCESS) -> dict[str, float]:
     """The optimizer steps on one rollout batch (a TensorDict, see above); their statistics.
+    ``reference``: the KL term's (:func:`rlfactory_core.training.policy.load_reference`),
+    None without one.
 
     ``dp``: one rank of an FSDP2 trainer group (the ray engine). The mini-batches and their
     loss normalisers are the whole batch's, as here; each rank back-propagates its share of
@@ -115,12 +117,9 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     on_policy = g.epochs * g.mini_batches == 1
     if not on_policy:
         batch["old_logprobs"] = batch_logprobs(model, batch, rows, config, packed, dp)
-    if g.kl_coef > 0:
-        if reference is None:  # LoRA: the base model is the adapters switched off
-            with model.disable_adapter():
-                batch["ref_logprobs"] = batch_logprobs(model, batch, rows, config, packed, dp)
-        else:
-            batch["ref_logprobs"] = batch_logprobs(reference, batch, rows, config, packed, dp)
+    if g.kl_coef > 0:  # the reference: a frozen copy, or the LoRA policy with its adapters off
+        with reference.scoring() as scorer:
+            batch["ref_logprobs"] = batch_logprobs(scorer, batch, rows, config, packed, dp)
 
     sums: Counter[str] = Counter()
     counts: Counter[str] = Counter()

@@ -70,7 +70,8 @@ class TrainerWorker:
         import torch.distributed as dist
 
         from ...training.checkpoint import set_rng_state
-        from ...training.policy import attn_implementation, build_optimizer, load_policy, load_reference, use_packing
+        from ...training.policy import (FrozenReference, attn_implementation, build_optimizer, load_policy,
+                                        load_reference, use_packing)
         from ...training.update import DataParallel
 
         config = self.config = RunConfig.model_validate(config_json)
@@ -85,8 +86,8 @@ class TrainerWorker:
         self.names = trainable_names(policy)
         self.hf_model = policy  # its config and save_pretrained; the parameters are the shards
         self.policy = shard(policy)
-        reference = load_reference(config, base_path, device)
-        self.reference = shard(reference) if reference is not None else None
+        reference = load_reference(config, base_path, device, policy)  # a frozen copy: LoRA is refused here
+        self.reference = FrozenReference(shard(reference.model)) if reference is not None else None
         self.packed = use_packing(config, attn_implementation(config, device))
         self.optimizer, self.scheduler = build_optimizer(self.policy, config)
         if checkpoint is not None:
