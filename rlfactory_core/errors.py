@@ -16,6 +16,7 @@ __all__ = [
     "UnknownComponentError",
     "ModelError",
     "ConfigError",
+    "Interrupted",
     "one_line",
 ]
 
@@ -53,6 +54,14 @@ class UnknownComponentError(RLFactoryError, KeyError):
 
 class ModelError(RLFactoryError):
     """A model name could not be resolved, prepared or loaded."""
+
+
+class Interrupted(RLFactoryError):
+    """The user stopped the command (Ctrl-C, SIGTERM); the message says what was kept. Not a
+    failure: the CLI prints it as ``stopped: ...`` and exits with ``exit_code``, 128 + the
+    signal's number as a shell reports it (130 for Ctrl-C)."""
+
+    exit_code = 130
 
 
 class ConfigError(RLFactoryError):

@@ -82,7 +82,7 @@ from typing import Any, Sequence
 from .config import RunConfig
 from .data import batch_indices, load_samples
 from .engines import build_driver_task, make_engine, rollout_config_for
-from .errors import ConfigError, RLFactoryError
+from .errors import ConfigError, Interrupted, RLFactoryError
 from .evaluation import eval_summary, run_eval, tool_metrics
 from .logs import LOG_FILE, log_to
 from .metrics import LiveView, MetricsLogger
@@ -98,7 +98,7 @@ from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 __all__ = ["train", "TrainingInterrupted"]
 
 
-class TrainingInterrupted(RLFactoryError):
+class TrainingInterrupted(Interrupted):
     """The run was stopped by SIGINT or SIGTERM (:mod:`rlfactory_core.stopping`); the message
     says which step is saved. ``exit_code`` is 128 + the signal's number, as a shell reports
     a process that the signal ended (130 for Ctrl-C)."""

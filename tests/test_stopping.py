@@ -270,6 +270,25 @@ def test_ctrl_c_during_an_update_finishes_and_saves_that_step(tmp_path, tiny_mod
     assert "train/loss" in records[1]
 
 
+@pytest.mark.slow
+def test_ctrl_c_during_rlf_eval_says_it_stopped_and_writes_no_report(tmp_path, plugin_env, tiny_model_dir):
+    marker, report = tmp_path / "marker", tmp_path / "report"
+    argv = [sys.executable, "-m", "rlfactory_cli", "eval", "--env", "stalling", "--model", str(tiny_model_dir),
+            "--size", "2", "--report", str(report), f"env_options.marker={marker}", "env_options.stall_after=0",
+            *RUN]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=plugin_env,
+                               cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    while _count(Path(f"{marker}.stalled")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)  # both episodes hang in env.step: only a stop ends the evaluation
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, out[-2000:] + err[-2000:]
+    assert "stopped: the evaluation was stopped before its end; no report was written" in err
+    assert not (report / "report.json").exists()
+    assert _count(Path(f"{marker}.cancelled")) == 2  # the cancellation reached the hanging episodes
+
+
 @pytest.mark.parametrize("first_signal_during", ["update", "rollout"])
 def test_a_second_ctrl_c_during_a_save_lets_the_checkpoint_finish(tmp_path, tiny_model_dir, monkeypatch,
                                                                   first_signal_during):

@@ -132,9 +132,8 @@ def _restore_consoles() -> None:
 def _engine_may_be_to_blame(exc: BaseException) -> bool:
     """False for the failures the log cannot explain: a config error (its own lines say
     everything), an interruption, a normal exit."""
-    from rlfactory_core.errors import ConfigError
-    from rlfactory_core.trainer import TrainingInterrupted
+    from rlfactory_core.errors import ConfigError, Interrupted
 
     if isinstance(exc, SystemExit):
         return exc.code not in (0, None)
-    return not isinstance(exc, (ConfigError, TrainingInterrupted, KeyboardInterrupt))
+    return not isinstance(exc, (ConfigError, Interrupted, KeyboardInterrupt))

@@ -88,8 +88,15 @@ def eval_command(
     """Evaluate a model or a training run on held-out samples: accuracy and tool use."""
     if verbose:
         set_verbose()
+    from rlfactory_core.errors import Interrupted
+
     with engine_output_to_log():
-        _run_eval(env=env, model=model, split=split, size=size, config=config, report=report, overrides=overrides)
+        try:
+            _run_eval(env=env, model=model, split=split, size=size, config=config, report=report,
+                      overrides=overrides)
+        except KeyboardInterrupt:
+            # typer would turn it into a silent exit 130: say what happened, as rlf train does
+            raise Interrupted("the evaluation was stopped before its end; no report was written") from None
 
 
 def _run_eval(*, env: str, model: str, split: str, size: int | None, config: list[Path] | None, report: Path | None,
