@@ -117,6 +117,12 @@ class GRPOSection(_Section):
     entropy_coef: float = _field(0.0, "entropy bonus coefficient (0 = only measured)", ge=0)
     turn_rewards: bool = _field(
         True, "add the env's per-turn rewards (placed on each turn's last token) to the advantage")
+    dynamic_sampling: bool = _field(
+        False, "DAPO's dynamic sampling: drop groups whose rewards are all equal (no gradient) and roll out the "
+               "next prompts until the batch holds prompts_per_step groups (rlfactory_core.training.assembly)")
+    max_extra_rollouts: int = _field(
+        2, "with dynamic_sampling: extra rollouts a step may make to fill its batch; then it trains on what it "
+           "has", ge=0)
 
 
 class TrainSection(_Section):

@@ -108,6 +108,34 @@ class ScoredBatch:
             raise ValueError(f"a ScoredBatch of {len(self.totals)} trajectories has {len(self.turn_rewards)} "
                              f"turn-reward rows and {len(self.reward_errors)} reward-error rows")
 
+    @classmethod
+    def concat(cls, parts: Sequence[ScoredBatch]) -> ScoredBatch:
+        """The batches one after another (a ray engine's workers' chunks, a step's rollouts)."""
+        errors: Counter[str] = Counter()
+        applied: Counter[str] = Counter()
+        for part in parts:
+            errors.update(part.errors)
+            applied.update(part.applied)
+        return cls(totals=[t for p in parts for t in p.totals], components=[c for p in parts for c in p.components],
+                   correct=[c for p in parts for c in p.correct], errors=errors, applied=applied,
+                   turn_rewards=[r for p in parts for r in p.turn_rewards],
+                   reward_errors=[e for p in parts for e in p.reward_errors])
+
+    def select(self, rows: Sequence[int]) -> ScoredBatch:
+        """The batch of the trajectories ``rows``, in that order; ``errors`` and ``applied``
+        counted over them."""
+        errors: Counter[str] = Counter()
+        for row in rows:  # "<name>: <why>"; a name may hold a colon itself (dist:reward)
+            errors.update(name for error in self.reward_errors[row] for name in self.errors
+                          if error.startswith(f"{name}: "))
+        applied = Counter({name: 0 for name in self.applied})
+        for row in rows:
+            applied.update(key for key in self.components[row] if "/" not in key)
+        return ScoredBatch(totals=[self.totals[r] for r in rows], components=[self.components[r] for r in rows],
+                           correct=[self.correct[r] for r in rows], errors=errors, applied=applied,
+                           turn_rewards=[self.turn_rewards[r] for r in rows],
+                           reward_errors=[self.reward_errors[r] for r in rows])
+
     def metrics(self, prefix: str) -> dict[str, float]:
         """``<prefix>/mean``, ``/std``, ``/accuracy`` (when known), ``/errors``, each
         component's mean over the trajectories it applied to, and, for a reward that did not

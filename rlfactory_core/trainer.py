@@ -12,7 +12,10 @@ One training step:
 3. **Rewards**: every configured reward scores every trajectory concurrently; the total is
    the weighted sum of those that apply (``rlfactory_core.rewards``). A reward that fails
    or times out on a trajectory gives it the reward's fallback value and is counted
-   (``reward/errors``): one bad trajectory never ends the run.
+   (``reward/errors``): one bad trajectory never ends the run. The step's batch is assembled
+   from the finished groups (``rlfactory_core.training.assembly``): all of them, or with
+   ``grpo.dynamic_sampling`` those whose rewards differ, the next prompts rolled out (steps
+   1-3 again, a bounded number of times) until the batch is full.
 4. **Advantages**: reward minus the group mean, scaled by ``grpo.advantage_norm``; per-turn
    rewards from the env are added on the tokens of their turn and the turns before it
    (``rlfactory_core.training.grpo`` has the formulas and the reasons).
@@ -92,6 +95,7 @@ from .preflight import raise_problems, run_problems
 from .rollout import rollout_metrics
 from .runs import new_run_dir, write_run_files
 from .stopping import PhaseDropped, RunStopper
+from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch
 from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 
@@ -197,13 +201,12 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 rng_before_step = rng_state()
                 started = time.perf_counter()
 
-                # 1-3. prompts, rollout, rewards (droppable: nothing of the step is kept)
+                # 1-3. prompts, rollout, rewards, the groups the batch keeps (droppable: nothing of
+                # the step is kept)
                 view.phase("rollout")
-                indices = batch_indices(len(train_samples), config.grpo.prompts_per_step, config.train.seed,
-                                        state["position"], shuffle=config.data.shuffle)
-                samples = [train_samples[i] for i in indices]
-                trajectories, scored, times = await stop.droppable(engine.rollout(
-                    samples, rollout_config_for(config, step), group_size=config.grpo.group_size, rewards="train"))
+                assembled, samples, times = await stop.droppable(
+                    _rollout_batch(engine, config, step, train_samples, state["position"]))
+                trajectories, scored = assembled.trajectories, assembled.scored
 
                 # 4-6. advantages and the update (not droppable: half an update cannot be undone;
                 # from here on a stop request finishes the step and saves it)
@@ -215,7 +218,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 train_stats = await engine.update(batch, step)
                 advantages, batch_tokens = batch["sequence_advantages"], float(batch["attention_mask"].sum())
                 del batch
-                state["position"] += len(indices)
+                state["position"] += len(samples)  # every prompt rolled out, kept or not
                 stop.updated()
                 times["time/train"] = time.perf_counter() - t
 
@@ -229,7 +232,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
 
                 # 8. metrics and warnings
                 metrics = {**_step_metrics(config, trajectories, scored, advantages, times, batch_tokens),
-                           **train_stats, **sync_metrics}
+                           **assembled.metrics, **train_stats, **sync_metrics}
                 for warning in _step_warnings(config, task.offers_tools, step, metrics, scored.totals):
                     view.warn(warning)
 
@@ -272,7 +275,34 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     return run_dir
 
 
-# --------------------------------------------------------------------------- the step's numbers
+# --------------------------------------------------------------------------- the step's batch and numbers
+
+
+async def _rollout_batch(engine: Any, config: RunConfig, step: int, train_samples: Sequence[Any],
+                         position: int) -> tuple[Any, list[Any], dict[str, float]]:
+    """Step ``step``'s batch (:mod:`rlfactory_core.training.assembly`): ``prompts_per_step``
+    prompts from data position ``position``, rolled out and scored; with
+    ``grpo.dynamic_sampling``, the next prompts too, up to ``grpo.max_extra_rollouts`` more
+    rollouts, until enough groups are informative. Also every sample rolled out (all of them
+    advance the data position) and the phases' times, summed over the rollouts."""
+    g = config.grpo
+    assembler = BatchAssembler(g.prompts_per_step, group_filters(config))
+    samples: list[Any] = []
+    times: dict[str, float] = {}
+    for attempt in range(1 + (g.max_extra_rollouts if g.dynamic_sampling else 0)):
+        if not assembler.needed:
+            break
+        count = g.prompts_per_step if attempt == 0 else assembler.needed
+        indices = batch_indices(len(train_samples), count, config.train.seed, position + len(samples),
+                                shuffle=config.data.shuffle)
+        batch_samples = [train_samples[i] for i in indices]
+        result = await engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),
+                                      group_size=g.group_size, rewards="train")
+        assembler.add(result.trajectories, result.scored)
+        samples += batch_samples
+        for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
+            times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
+    return assembler.assemble(), samples, times
 
 
 def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, advantages: Any,

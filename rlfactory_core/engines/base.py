@@ -63,13 +63,14 @@ class Engine(Protocol):
         """Release everything the engine started; safe to call after a failed start."""
 
 
-def rollout_config_for(config: RunConfig, step: int, *, temperature: float | None = None) -> Any:
+def rollout_config_for(config: RunConfig, step: int, *, attempt: int = 0, temperature: float | None = None) -> Any:
     """The rollout settings of ``step``: sampling seeds derived from ``train.seed`` (or
-    ``rollout.sampling.seed``) and the step, so every step samples differently and a rerun
-    samples the same; ``temperature`` overrides the sampling temperature (evaluation)."""
+    ``rollout.sampling.seed``), the step and the step's rollout ``attempt`` (dynamic sampling
+    rolls out more than once), so every rollout samples differently and a rerun samples the
+    same; ``temperature`` overrides the sampling temperature (evaluation)."""
     rollout = config.rollout.model_copy(deep=True)
     base = rollout.sampling.seed if rollout.sampling.seed is not None else config.train.seed * 1_000_003
-    rollout.sampling.seed = base + step * 10_007
+    rollout.sampling.seed = base + step * 10_007 + attempt * 7_919_009
     if temperature is not None:
         rollout.sampling.temperature = temperature
     return rollout

@@ -20,23 +20,6 @@ from .actors import JudgeActor, RolloutWorker, ToolActor, TrainerWorker, role_th
 __all__ = ["RayEngine", "chunks", "remote"]
 
 
-def _merge_scored(parts: Sequence[Any]) -> Any:
-    from collections import Counter
-
-    from ...rewards import ScoredBatch
-
-    errors: Counter[str] = Counter()
-    applied: Counter[str] = Counter()
-    for part in parts:
-        errors.update(part.errors)
-        applied.update(part.applied)
-    return ScoredBatch(totals=[t for p in parts for t in p.totals],
-                       components=[c for p in parts for c in p.components],
-                       correct=[c for p in parts for c in p.correct], errors=errors, applied=applied,
-                       turn_rewards=[r for p in parts for r in p.turn_rewards],
-                       reward_errors=[e for p in parts for e in p.reward_errors])
-
-
 def chunks(count: int, parts: int) -> list[tuple[int, int]]:
     """``[start, end)`` of ``parts`` contiguous, near-equal chunks of ``count`` items (no empty ones)."""
     parts = max(1, min(parts, count))
@@ -323,7 +306,9 @@ class RayEngine:
         trajectories = [t for part in parts for t in part[0]]
         times = {key: max(part[2].get(key, 0.0) for part in parts) for key in ("time/rollout", "time/reward")}
         times["ray/rollout_worker_restarts"] = float(self.restarts)
-        return RolloutResult(trajectories, _merge_scored([part[1] for part in parts]), times)
+        from ...rewards import ScoredBatch
+
+        return RolloutResult(trajectories, ScoredBatch.concat([part[1] for part in parts]), times)
 
     def _spend_restart(self, index: int, exc: Exception) -> None:
         """Count the replacement of dead rollout worker ``index`` against this step's

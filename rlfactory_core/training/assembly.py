@@ -1,0 +1,94 @@
+"""A step's batch, assembled from finished groups.
+
+A rollout gives groups: the ``grpo.group_size`` trajectories of one prompt, told apart by
+``Trajectory.group``. The batch a step trains on is assembled here, from the groups that
+pass every filter; this is the one place that decides what a step learns from.
+
+**Dynamic sampling** (DAPO; ``grpo.dynamic_sampling``): a group whose rewards are all equal
+gives each of its trajectories advantage 0, so it carries no policy gradient and only dilutes
+the batch. Such groups are dropped, and more prompts are rolled out (the next ones in the
+data order) until the batch holds ``grpo.prompts_per_step`` groups or
+``grpo.max_extra_rollouts`` extra rollouts were made; then the step trains on what it has.
+When no group passes, it trains on the groups of its first rollout, as without the option
+(the step still counts; its warning says why nothing was learned). The metrics say what
+happened: ``batch/groups_sampled``, ``batch/groups_kept``, ``batch/extra_rollouts``.
+
+A filter is a function of one group (its trajectories and their total rewards) that says
+whether to keep it; more (dropping failed trajectories, a staleness bound) plug in here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..config import RunConfig
+from ..rewards import ScoredBatch
+
+__all__ = ["GroupFilter", "informative", "group_filters", "BatchAssembler", "Assembled"]
+
+#: Whether to keep one group: ``(its trajectories, their total rewards) -> bool``.
+GroupFilter = Callable[[Sequence[Any], Sequence[float]], bool]
+
+
+def informative(trajectories: Sequence[Any], totals: Sequence[float]) -> bool:
+    """A group whose rewards differ: its advantages are not all zero."""
+    return max(totals) > min(totals)
+
+
+def group_filters(config: RunConfig) -> list[GroupFilter]:
+    """The filters the config asks for (none by default)."""
+    return [informative] if config.grpo.dynamic_sampling else []
+
+
+@dataclass
+class Assembled:
+    """A step's batch: the kept groups' trajectories (groups renumbered 0, 1, ... in the
+    order they were kept), their scores, and the metrics of the assembly."""
+
+    trajectories: list[Any]
+    scored: ScoredBatch
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class BatchAssembler:
+    """Collects the groups of a step's rollouts (:meth:`add`) until ``wanted`` of them passed
+    every filter; :meth:`assemble` gives the batch."""
+
+    def __init__(self, wanted: int, filters: Sequence[GroupFilter] = ()):
+        self.wanted, self.filters = wanted, list(filters)
+        self._kept: list[tuple[list[Any], ScoredBatch]] = []
+        self._first: list[tuple[list[Any], ScoredBatch]] = []  # the first rollout's groups: the fallback
+        self.rollouts = 0
+        self.sampled = 0
+
+    @property
+    def needed(self) -> int:
+        """Groups still wanted."""
+        return max(0, self.wanted - len(self._kept))
+
+    def add(self, trajectories: Sequence[Any], scored: ScoredBatch) -> None:
+        """One rollout's trajectories (with their ``group``) and scores; the groups that pass
+        every filter are kept, up to the number still wanted."""
+        by_group: dict[Any, list[int]] = {}
+        for row, trajectory in enumerate(trajectories):
+            by_group.setdefault(trajectory.group, []).append(row)
+        for rows in by_group.values():
+            group = ([trajectories[r] for r in rows], scored.select(rows))
+            if self.rollouts == 0:
+                self._first.append(group)
+            self.sampled += 1
+            if self.needed and all(keep(group[0], group[1].totals) for keep in self.filters):
+                self._kept.append(group)
+        self.rollouts += 1
+
+    def assemble(self) -> Assembled:
+        groups = self._kept or self._first
+        trajectories = []
+        for number, (members, _) in enumerate(groups):
+            for trajectory in members:
+                trajectory.group = number
+                trajectories.append(trajectory)
+        metrics = {"batch/groups_sampled": float(self.sampled), "batch/groups_kept": float(len(self._kept)),
+                   "batch/extra_rollouts": float(max(0, self.rollouts - 1))}
+        return Assembled(trajectories, ScoredBatch.concat([scored for _, scored in groups]), metrics)
