@@ -143,7 +143,11 @@ class DataSection(_Section):
     train_file: str | None = _field(None, "JSONL of training samples; default: the env's own train split")
     eval_file: str | None = _field(None, "JSONL of held-out samples; default: the env's own test split")
     train_size: int | None = _field(None, "use at most this many training samples", ge=1)
-    eval_size: int = _field(64, "held-out samples per evaluation", ge=1)
+    eval_size: int | None = _field(64, "held-out samples per evaluation (the split's first N); null = all of them",
+                                   ge=1)
+    eval_split: str = _field(
+        "test", "the env's split that evaluation during training uses (tune on validation, report on test)",
+        min_length=1)
     shuffle: bool = _field(True, "reshuffle the training samples every epoch (seeded)")
 
 

@@ -20,7 +20,7 @@ from .engines.base import rollout_config_for
 from .engines.local import LocalRollout
 from .task import build_task
 
-__all__ = ["evaluate", "run_eval", "tool_metrics", "eval_summary"]
+__all__ = ["evaluate", "run_eval", "accuracy_by_kind", "tool_metrics", "eval_summary"]
 
 
 def evaluate(config: RunConfig, model: str, *, split: str = "test", size: int | None = None,
@@ -80,6 +80,7 @@ async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunCo
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(tool_metrics("eval/tools", rollout_stats, trajectories))
     metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_stats.items()})
+    metrics.update(accuracy_by_kind("eval/reward/accuracy", trajectories, samples, scored.correct))
     if out_dir is not None and config.eval.save_samples:
         _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],
                       samples, scored, tokenizer)
@@ -104,6 +105,20 @@ def _save_samples(path: Path, trajectories: Sequence[Any], samples: Sequence[Any
                 "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in trajectory.tool_calls],
                 "text": tokenizer.decode(ids),
             }, ensure_ascii=False) + "\n")
+
+
+def accuracy_by_kind(prefix: str, trajectories: Sequence[Any], samples: Sequence[Any],
+                     correct: Sequence[bool | None]) -> dict[str, float]:
+    """``<prefix>/kind/<kind>``: the accuracy per question kind, for samples that name their
+    ``kind`` (a string: the deepsearch questions' ``region``, ``currency_via_capital``, ...);
+    trajectories whose correctness no reward judged are left out."""
+    judged: dict[str, list[bool]] = {}
+    for trajectory, is_correct in zip(trajectories, correct):
+        sample = samples[trajectory.group]
+        kind = sample.get("kind") if hasattr(sample, "get") else None
+        if isinstance(kind, str) and kind and is_correct is not None:
+            judged.setdefault(kind, []).append(bool(is_correct))
+    return {f"{prefix}/kind/{kind}": sum(marks) / len(marks) for kind, marks in sorted(judged.items())}
 
 
 def tool_metrics(prefix: str, rollout: dict[str, float], trajectories: Sequence[Any]) -> dict[str, float]:

@@ -150,7 +150,8 @@ def run_problems(
         problems += env_option_problems(env_cls, str(env_name), options,
                                         parser_name if isinstance(parser_name, str) else None)
     data = values.get("data") if isinstance(values.get("data"), Mapping) else {}
-    splits = ["train", "test"] if purpose == "train" else [split]
+    eval_split = data.get("eval_split") if isinstance(data.get("eval_split"), str) else "test"
+    splits = ["train", eval_split] if purpose == "train" else [split]
     problems += _data_problems(env_cls, str(env_name), data, splits)
     problems += _backend_problems(values.get("backend"), values.get("backend_options"))
 

@@ -133,7 +133,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     task = build_driver_task(config)
     try:
         train_samples = load_samples(config, task.env, "train", config.data.train_size)
-        eval_samples = load_samples(config, task.env, "test", config.data.eval_size)
+        eval_samples = load_samples(config, task.env, config.data.eval_split, config.data.eval_size)
         if not train_samples:
             raise ConfigError(["data: the training set is empty"])
         base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
