@@ -34,7 +34,7 @@ __all__ = [
     "RunConfig", "PRESETS", "CONFIG_HINT", "load_config", "merge_layers", "merge_dicts", "validate_config", "parse_overrides",
     "describe", "config_errors",
     "ModelSection", "LoraSection", "GRPOSection", "TrainSection", "DataSection", "EvalSection",
-    "CheckpointSection", "LoggingSection", "RewardSpec", "ToolManagerSpec", "RaySection",
+    "CheckpointSection", "LoggingSection", "RewardSpec", "ToolManagerSpec", "RaySection", "ColdStartSection",
 ]
 
 
@@ -123,6 +123,25 @@ class GRPOSection(_Section):
     max_extra_rollouts: int = _field(
         2, "with dynamic_sampling: extra rollouts a step may make to fill its batch; then it trains on what it "
            "has", ge=0)
+
+
+class ColdStartSection(_Section):
+    """A supervised warm-up before the first step (rlfactory_core.training.cold_start), for tasks whose base
+    model almost never succeeds, so that reinforcement learning has rewards to learn from."""
+
+    source: Literal["off", "rejection", "demonstrations", "auto"] = _field(
+        "off", "off; rejection: the model's own trajectories that the training rewards call correct; "
+               "demonstrations: the env's demonstrations from the training split's gold answers (its tools really "
+               "called, kept when the rewards call them correct); auto: rejection first, then demonstrations to "
+               "fill up to cold_start.examples")
+    examples: int = _field(64, "trajectories to train on (at most one per training sample)", ge=1)
+    epochs: int = _field(2, "passes over the examples", ge=1)
+    lr: float = _field(1e-5, "AdamW learning rate of the warm-up (its own optimizer, constant)", gt=0)
+    batch_size: int = _field(8, "examples per optimizer step (micro-batched by grpo.micro_batch_tokens)", ge=1)
+    max_rollouts: int = _field(
+        256, "rejection: trajectories rolled out at most (grpo.group_size per prompt) while looking for "
+             "correct ones", ge=1)
+    eval: bool = _field(True, "evaluate right after the warm-up (cold_start/eval/*: what the warm-up alone gives)")
 
 
 class TrainSection(_Section):
@@ -231,6 +250,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = _field(RolloutConfig, "trajectory generation")
     grpo: GRPOSection = _field(GRPOSection, "the algorithm")
     train: TrainSection = _field(TrainSection, "the optimizer and the run length")
+    cold_start: ColdStartSection = _field(ColdStartSection, "a supervised warm-up before the first step")
     data: DataSection = _field(DataSection, "samples")
     eval: EvalSection = _field(EvalSection, "held-out evaluation")
     checkpoint: CheckpointSection = _field(CheckpointSection, "checkpoints")

@@ -205,6 +205,12 @@ MEMBERS: tuple[Member, ...] = (
            "build_data(out_dir: Path | None, *, force: bool, progress: Callable[[str], None]) -> Path", False,
            "build the env's data ahead of training (`rlf data build ENV`); a class or static method",
            default=None),
+    Member("env", "demonstration", "async method", "async demonstration(sample: Sample, parser) -> list[str] | None",
+           False, "a worked episode for the cold start (`cold_start.source: demonstrations`): the assistant turns of "
+           "a successful episode as the model would write them (tool calls written with `parser.format_tool_call`), "
+           "typically from the sample's gold answer; the core replays them through the agent loop (the tools really "
+           "run, the observations are rendered as in a rollout) and keeps those the training rewards call correct. "
+           "None: no demonstration for this sample", default=None),
     Member("env", "parser", "parameter", "parser: str", False,
            "when the constructor has this parameter, it receives the run's parser name (an env that writes tool "
            "calls itself, e.g. worked examples)", of="__init__"),

@@ -421,6 +421,7 @@ _REEXPORTED = {
     "rollout": "rlfactory_core.rollout",
     "RolloutConfig": "rlfactory_core.rollout",
     "vllm_available": "rlfactory_core.rollout",
+    "demonstration_examples": "rlfactory_core.training.cold_start",
 }
 
 __all__ += list(_REEXPORTED)

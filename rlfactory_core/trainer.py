@@ -2,6 +2,10 @@
 
 One training step:
 
+0. **Cold start** (a new run with ``cold_start.source`` set, once, after the eval before
+   training): a supervised warm-up on the model's own successful trajectories or the env's
+   demonstrations (:mod:`rlfactory_core.training.cold_start`), the weights synced, and an eval
+   of the warmed-up model alone (``cold_start/eval/*``), so what RL adds is seen.
 1. **Prompts**: the next ``grpo.prompts_per_step`` samples of the training set, in an
    order fixed by ``train.seed`` and the position in the data (a reshuffle per epoch), so
    a resumed run sees exactly the samples the uninterrupted run would have seen.
@@ -98,6 +102,7 @@ from .stopping import PhaseDropped, RunStopper
 from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch
 from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
+from .training.cold_start import collect_examples, example_batch
 
 __all__ = ["train", "TrainingInterrupted"]
 
@@ -193,6 +198,17 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 logger.log(0, metrics)
                 view.message(f"eval before training: {eval_summary(metrics)}, "
                              f"tool calls/trajectory {metrics['eval/tools/calls_per_trajectory']:.2f}")
+                if config.cold_start.source != "off":  # once, before step 1 (a resumed run's checkpoint has it)
+                    view.phase("cold start")
+                    metrics = await _cold_start(engine, task, config, train_samples, tokenizer, processor, stop,
+                                              view.warn)
+                    if config.cold_start.eval:
+                        view.phase("eval")
+                        evaluated = await stop.droppable(run_eval(0, eval_samples, engine, config,
+                                                                  run_dir / "samples" / "cold_start", tokenizer))
+                        metrics.update({f"cold_start/{key}": value for key, value in evaluated.items()})
+                        view.message(f"eval after the cold start alone: {eval_summary(evaluated)}")
+                    logger.log(0, metrics)
             for step in range(start_step + 1, config.train.steps + 1):
                 if stop.requested:
                     raise PhaseDropped
@@ -303,6 +319,29 @@ async def _rollout_batch(engine: Any, config: RunConfig, step: int, train_sample
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
     return assembler.assemble(), samples, times
+
+
+async def _cold_start(engine: Any, task: Any, config: RunConfig, train_samples: Sequence[Any], tokenizer: Any,
+                      processor: Any, stop: Any, warn: Any) -> dict[str, float]:
+    """The cold start (:mod:`rlfactory_core.training.cold_start`): examples collected
+    (droppable, as a rollout), the supervised warm-up on them, the weights synced; its
+    ``cold_start/*`` metrics."""
+    from .rollout import ChatTemplate
+
+    chat = ChatTemplate(tokenizer, processor=processor)  # the rollout's rendering, for replayed demonstrations
+    examples = await stop.droppable(collect_examples(
+        engine, task, chat, config, train_samples, lambda attempt: rollout_config_for(config, 0, attempt=attempt)))
+    metrics = examples.metrics()
+    if not examples.trajectories:
+        warn(f"cold start ({config.cold_start.source}): no successful trajectory or demonstration was found; "
+             "training starts from the base model")
+        return metrics
+    t = time.perf_counter()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    metrics.update(await engine.supervised_update(example_batch(examples.trajectories, pad_id)))
+    metrics["time/cold_start_train"] = time.perf_counter() - t
+    metrics.update(await engine.sync_weights())
+    return metrics
 
 
 def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, advantages: Any,

@@ -4,7 +4,8 @@ An engine owns the policy, its optimizer and the generation backends, wherever t
 :class:`~rlfactory_core.engines.local.LocalEngine` keeps everything in this process;
 :class:`~rlfactory_core.engines.ray.RayEngine` places the same work on Ray actors. The loop
 calls, per step: :meth:`Engine.rollout` (trajectories and their rewards), :meth:`Engine.update`
-(the optimizer steps on the batch), :meth:`Engine.sync_weights` (the new policy to the
+(the optimizer steps on the batch; before the first step, with ``cold_start``,
+:meth:`Engine.supervised_update`), :meth:`Engine.sync_weights` (the new policy to the
 generation backends), and sometimes :meth:`Engine.save` (a checkpoint). Every method is a
 coroutine, so the loop can await an engine's work while it answers a stop request
 (:mod:`rlfactory_core.stopping`) and, later, overlap rollout with training.
@@ -51,6 +52,11 @@ class Engine(Protocol):
     async def update(self, batch: Any, step: int) -> dict[str, float]:
         """The optimizer steps on ``batch`` (:mod:`rlfactory_core.training.batch`) at
         ``step``; their statistics (``train/*``)."""
+
+    async def supervised_update(self, batch: Any) -> dict[str, float]:
+        """The cold start's warm-up (:mod:`rlfactory_core.training.cold_start`): cross-entropy
+        on ``batch``'s assistant tokens for ``cold_start.epochs`` passes, with an optimizer of
+        its own at ``cold_start.lr``, on the update thread; its statistics (``cold_start/*``)."""
 
     async def sync_weights(self) -> dict[str, float]:
         """The updated policy to every generation backend; metrics (``weight_sync/*``)."""

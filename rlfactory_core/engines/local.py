@@ -132,6 +132,17 @@ class LocalEngine:
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats
 
+    async def supervised_update(self, batch: Any) -> dict[str, float]:
+        from ..training.cold_start import supervised_update, warm_up_optimizer
+
+        def warm_up() -> dict[str, float]:
+            optimizer = warm_up_optimizer(self.policy, self.config)  # its own, dropped afterwards
+            return supervised_update(self.policy, optimizer, batch, self.config, packed=self.packed)
+
+        stats = await self._on_train_thread(warm_up)
+        return_freed_memory()
+        return stats
+
     async def sync_weights(self) -> dict[str, float]:
         await self.backend.update_weights(weights_for_backend(self.policy))
         return {}

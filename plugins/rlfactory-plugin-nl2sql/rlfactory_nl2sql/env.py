@@ -38,6 +38,7 @@ from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn,
 
 from . import data as builtin_data
 from .formats import database_dirs_for, database_path, known_databases, load_bird, load_spider
+from .reward import SQLExecutionReward
 from .sandbox import (QueryLimits, find_table, format_table, read_schema, require_sandbox, run_query, schema_text,
                       table_rows_sql)
 from .sqltext import QueryError, extract_sql
@@ -464,6 +465,22 @@ class NL2SQLEnv:
         messages.append(Message(role="user", content=text))
         state = {"db_id": db_id, "db_path": str(db_path), "tool_turns": 0}
         return EnvReset(messages=messages, tools=list(self.tools), state=state)
+
+    async def demonstration(self, sample: Sample, parser: Any) -> list[str] | None:
+        """A worked episode for the cold start (``cold_start.source``): the gold SQL run with
+        ``run_query`` (the call written by the run's ``parser``), then ``<answer>SQL</answer>``.
+        The core replays these turns through the agent loop, so the query really runs and the
+        model is trained on its real result. None without a gold query, or when the call
+        cannot be written (no tools, a parser without ``format_tool_call``)."""
+        gold = SQLExecutionReward.gold_sql(sample) if hasattr(sample, "get") else None
+        if gold is None:
+            return None
+        answer = f"<answer>{gold}</answer>"
+        if not self.use_tools:
+            return [answer]
+        if not callable(getattr(parser, "format_tool_call", None)):
+            return None
+        return [parser.format_tool_call(ToolCall(name="run_query", arguments={"query": gold})), answer]
 
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
         if turn.tool_calls or turn.errors:

@@ -108,6 +108,18 @@ class TrainerWorker:
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats
 
+    def supervised_update(self, batch: Any) -> dict[str, float]:
+        """The group's cold-start warm-up (:mod:`rlfactory_core.training.cold_start`), with an
+        optimizer of its own over this rank's shards, dropped afterwards."""
+        from ...training.cold_start import supervised_update, warm_up_optimizer
+        from ...training.policy import return_freed_memory
+
+        optimizer = warm_up_optimizer(self.policy, self.config)
+        stats = supervised_update(self.policy, optimizer, batch, self.config, packed=self.packed, dp=self.dp)
+        del optimizer
+        return_freed_memory()
+        return stats
+
     @ray.method(num_returns=2)
     def gather_weights(self) -> tuple[list[tuple[str, Any]] | None, int]:
         """Rank 0: ``(HF name, tensor)`` of the whole policy and its size in bytes."""

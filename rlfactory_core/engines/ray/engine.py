@@ -337,6 +337,12 @@ class RayEngine:
         stats = await self._trainer_call("the update", [t.update.remote(batch_ref, step) for t in self.trainers])
         return stats[0]
 
+    async def supervised_update(self, batch: Any) -> dict[str, float]:
+        batch_ref = ray.put(batch)
+        stats = await self._trainer_call("the cold start",
+                                         [t.supervised_update.remote(batch_ref) for t in self.trainers])
+        return stats[0]
+
     async def sync_weights(self) -> dict[str, float]:
         """Rank 0 gathers the full weights; one object goes to every rollout worker."""
         t = time.perf_counter()
