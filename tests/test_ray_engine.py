@@ -154,6 +154,47 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
     assert "raise ray.max_restarts" in used_up.hint
 
 
+def test_the_cold_start_warm_up_on_two_ranks_gives_the_local_engines_weights(ray_cluster, tiny_model_dir):
+    """Parity of ``supervised_update`` (the cold start's warm-up, rlfactory_core.training.cold_start):
+    the same examples, two passes of two optimizer steps, on the local engine and on 2 FSDP2
+    ranks over gloo (uneven micro-batch rounds), within the update test's tolerance."""
+    from rlfactory_core.training.cold_start import example_batch
+
+    config = tiny_config(tiny_model_dir, "cold_start.lr=1e-3", "cold_start.epochs=2", "cold_start.batch_size=2",
+                         "grpo.micro_batch_tokens=200", "train.max_grad_norm=0.5")
+    local_config = config.model_copy(update={"engine": "local"})
+    task = build_task(local_config)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    samples = list(task.env.dataset(size=2, split="train"))
+
+    async def run():
+        local = LocalEngine(local_config, task, tokenizer, base_path=tiny_model_dir, checkpoint=None)
+        await local.start()
+        remote = RayEngine(config, base_path=tiny_model_dir, checkpoint=None)
+        try:
+            await remote.start()
+            trajectories, _, _ = await local.rollout(samples, rollout_config_for(config, 1), group_size=2)
+            batch = example_batch(trajectories, tokenizer.pad_token_id)
+            assert len(micro_batches(list(range(4)), batch["lengths"], 200)) > 2
+            local_stats = await local.supervised_update(batch.clone())
+            ray_stats = await remote.supervised_update(batch.clone())
+            await remote.sync_weights()
+            return local_stats, ray_stats, dict(local.policy.state_dict()), dict(ray.get(remote.weights))
+        finally:
+            await remote.close()
+            await local.close()
+
+    local_stats, ray_stats, local_weights, ray_weights = asyncio.run(run())
+    base = LlamaForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert max(float((local_weights[k] - base[k]).abs().max()) for k in base) > 1e-4
+    diffs = {name: float((ray_weights[name] - tensor).abs().max()) for name, tensor in local_weights.items()}
+    assert max(diffs.values()) < 1e-5, diffs
+    assert local_stats["cold_start/optimizer_steps"] == ray_stats["cold_start/optimizer_steps"] == 4
+    for key in ("cold_start/loss_start", "cold_start/loss_last_epoch", "cold_start/grad_norm",
+                "cold_start/trained_tokens"):
+        assert ray_stats[key] == pytest.approx(local_stats[key], rel=1e-5, abs=1e-7), key
+
+
 def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_gets_the_new_weights(ray_cluster, tiny_model_dir):
     config = tiny_config(tiny_model_dir, "ray.rollout.workers=2", "ray.trainer.workers=1")
     task = build_task(config.model_copy(update={"engine": "local"}))
