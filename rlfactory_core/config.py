@@ -289,6 +289,11 @@ class RunConfig(_Section):
             if unknown:
                 raise ValueError(f"ray.judge.rewards: {unknown} are not in rewards or eval.rewards "
                                  f"(configured: {sorted(names)})")
+            pooled = sorted({r.name for r in self.rewards} & set(self.ray.judge.rewards))
+            if self.cold_start.source in ("demonstrations", "auto") and pooled:
+                raise ValueError(f"cold_start.source: demonstrations are scored in the driver process, which cannot "
+                                 f"reach the judge pool that scores {pooled} (ray.judge.rewards); use "
+                                 f"cold_start.source=rejection, or score them in the rollout workers")
         if self.rollout.max_trajectory_tokens < self.rollout.max_tokens_per_turn:
             raise ValueError("rollout.max_trajectory_tokens must be at least rollout.max_tokens_per_turn")
         return self

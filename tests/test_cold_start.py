@@ -83,6 +83,13 @@ def test_the_cold_start_is_off_by_default_and_its_bad_values_are_all_reported_on
     for key in ("cold_start.source", "cold_start.epochs", "cold_start.lr", "cold_start.max_rollouts"):
         assert any(line.startswith(f"{key}: ") for line in lines), (key, lines)
     assert "cold_start.shots: unknown key" in " ".join(lines)
+    # on the ray engine, demonstrations are scored in the driver, which has no judge pool
+    with pytest.raises(ConfigError, match=r"^invalid config: cold_start.source: demonstrations are scored in the "
+                                          r"driver process, which cannot reach the judge pool that scores "
+                                          r"\['exact_match'\]"):
+        load_config([], ["engine=ray", "ray.judge.rewards=[exact_match]", "cold_start.source=auto"])
+    assert load_config([], ["engine=ray", "ray.judge.rewards=[exact_match]",
+                            "cold_start.source=rejection"]).cold_start.source == "rejection"
 
 
 # --------------------------------------------------------------------------- demonstrations
