@@ -201,8 +201,8 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 if config.cold_start.source != "off":  # once, before step 1 (a resumed run's checkpoint has it)
                     view.phase("cold start")
                     metrics = await _cold_start(engine, task, config, train_samples, tokenizer, processor, stop,
-                                              view.warn)
-                    if config.cold_start.eval:
+                                                view)
+                    if config.cold_start.eval and metrics["cold_start/examples"]:  # else: the model of step 0
                         view.phase("eval")
                         evaluated = await stop.droppable(run_eval(0, eval_samples, engine, config,
                                                                   run_dir / "samples" / "cold_start", tokenizer))
@@ -322,7 +322,7 @@ async def _rollout_batch(engine: Any, config: RunConfig, step: int, train_sample
 
 
 async def _cold_start(engine: Any, task: Any, config: RunConfig, train_samples: Sequence[Any], tokenizer: Any,
-                      processor: Any, stop: Any, warn: Any) -> dict[str, float]:
+                      processor: Any, stop: Any, view: Any) -> dict[str, float]:
     """The cold start (:mod:`rlfactory_core.training.cold_start`): examples collected
     (droppable, as a rollout), the supervised warm-up on them, the weights synced; its
     ``cold_start/*`` metrics."""
@@ -333,14 +333,18 @@ async def _cold_start(engine: Any, task: Any, config: RunConfig, train_samples: 
         engine, task, chat, config, train_samples, lambda attempt: rollout_config_for(config, 0, attempt=attempt)))
     metrics = examples.metrics()
     if not examples.trajectories:
-        warn(f"cold start ({config.cold_start.source}): no successful trajectory or demonstration was found; "
-             "training starts from the base model")
+        view.warn(f"cold start ({config.cold_start.source}): no successful trajectory or demonstration was found; "
+                  "training starts from the base model")
         return metrics
     t = time.perf_counter()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     metrics.update(await engine.supervised_update(example_batch(examples.trajectories, pad_id)))
     metrics["time/cold_start_train"] = time.perf_counter() - t
     metrics.update(await engine.sync_weights())
+    view.message(f"cold start: {len(examples.trajectories)} examples ({examples.sources.count('rejection')} own, "
+                 f"{examples.sources.count('demonstrations')} demonstrations), loss "
+                 f"{metrics['cold_start/loss_first_epoch']:.3f} -> {metrics['cold_start/loss_last_epoch']:.3f} "
+                 f"(first and last pass), {metrics['time/cold_start_collect'] + metrics['time/cold_start_train']:.0f} s")
     return metrics
 
 

@@ -284,3 +284,19 @@ def test_a_run_warms_up_on_demonstrations_evaluates_the_warm_up_alone_then_train
         assert key in cold, key
     assert (run_dir / "samples" / "cold_start" / "step-000000.jsonl").exists()
     assert "train/loss" in records[2]
+
+
+@pytest.mark.slow
+def test_a_run_whose_cold_start_finds_nothing_says_so_and_trains_from_the_base_model(tmp_path, tiny_model_dir,
+                                                                                     capsys):
+    run_dir = tmp_path / "run"
+    config = load_config([], ["env=arithmetic", "backend=hf", f"model.name={tiny_model_dir}", f"run_dir={run_dir}",
+                              "train.steps=1", "grpo.prompts_per_step=2", "grpo.group_size=2", "data.eval_size=2",
+                              "eval.every=0", "rollout.max_turns=1", "rollout.max_tokens_per_turn=8",
+                              "logging.live=off", "logging.tensorboard=false", "cold_start.source=auto",
+                              "cold_start.max_rollouts=4"])
+    train(config)  # the tiny random model is never right, and the arithmetic env has no demonstrations
+    cold = read_metrics(run_dir)[1]
+    assert cold["step"] == 0 and cold["cold_start/examples"] == 0 and cold["cold_start/rollouts"] == 4
+    assert not any(key.startswith(("cold_start/eval/", "cold_start/loss")) for key in cold)
+    assert "no successful trajectory or demonstration was found" in capsys.readouterr().out
