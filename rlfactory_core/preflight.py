@@ -154,6 +154,11 @@ def run_problems(
     splits = ["train", eval_split] if purpose == "train" else [split]
     problems += _data_problems(env_cls, str(env_name), data, splits)
     problems += _backend_problems(values.get("backend"), values.get("backend_options"))
+    cold_start = values.get("cold_start") if isinstance(values.get("cold_start"), Mapping) else {}
+    if purpose == "train" and cold_start.get("source") == "demonstrations" and env_cls is not None \
+            and member("env", env_cls, "demonstration") is None:
+        problems.append(f"cold_start.source: the {env_name!r} env gives no demonstrations (it has no `demonstration` "
+                        f"method); use cold_start.source=rejection (or auto)")
 
     if purpose == "train":
         problems += _package_problems(values)

@@ -18,6 +18,7 @@ from rlfactory_core.engines.local import LocalRollout
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.hookspecs import hookimpl
 from rlfactory_core.metrics import read_metrics
+from rlfactory_core.preflight import preflight
 from rlfactory_core.rollout import ChatTemplate, check_retokenization, rollout
 from rlfactory_core.task import build_task
 from rlfactory_core.testing import ScriptedBackend, registered_plugin, train
@@ -90,6 +91,11 @@ def test_the_cold_start_is_off_by_default_and_its_bad_values_are_all_reported_on
         load_config([], ["engine=ray", "ray.judge.rewards=[exact_match]", "cold_start.source=auto"])
     assert load_config([], ["engine=ray", "ray.judge.rewards=[exact_match]",
                             "cold_start.source=rejection"]).cold_start.source == "rejection"
+    # demonstrations from an env that gives none: found before anything runs
+    _, problems = preflight([], ["env=arithmetic", "cold_start.source=demonstrations"])
+    assert problems == ["cold_start.source: the 'arithmetic' env gives no demonstrations (it has no `demonstration` "
+                        "method); use cold_start.source=rejection (or auto)"]
+    assert preflight([], ["env=nl2sql", "cold_start.source=demonstrations"])[1] == []
 
 
 # --------------------------------------------------------------------------- demonstrations
