@@ -571,6 +571,18 @@ class AndroidEnv:
                  "success": None, "check": None, "check_error": None, "released": False}
         return EnvReset(messages=messages, tools=list(self.tools), state=state)
 
+    async def demonstration(self, sample: Sample, parser: Any) -> list[str] | None:
+        """A solved episode for the cold start: a scripted solver's actions on a simulated
+        phone in the task's start state (:mod:`rlfactory_android.demonstrations`), then
+        "Done."; None with the adb backend or when the solver cannot do the task."""
+        from .demonstrations import solve  # it imports this module
+
+        if self.backend != "simulated" or not callable(member("parser", parser, "format_tool_call")):
+            return None
+        task = read_task({k: v for k, v in dict(sample).items() if k != "answer"},
+                         f"android sample {sample.get('id', '?')}") if hasattr(sample, "get") else None
+        return None if task is None else await solve(self, task, parser)
+
     async def step(self, state: Any, turn: ParsedTurn, results: Sequence[ToolResult]) -> EnvStep:
         if turn.tool_calls and self.shows_images:
             async with state["lock"]:  # after the turn's actions

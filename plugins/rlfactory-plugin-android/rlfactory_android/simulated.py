@@ -32,7 +32,7 @@ from xml.sax.saxutils import quoteattr
 
 from .device import KEYS, DeviceError, StartState, split_setting
 
-__all__ = ["SimulatedPhone", "APPS", "DEFAULT_SETTINGS"]
+__all__ = ["SimulatedPhone", "APPS", "DEFAULT_SETTINGS", "TOGGLES"]
 
 WIDTH, HEIGHT = 1080, 2400
 _STATUS_BOTTOM, _APPBAR_BOTTOM, _NAV_TOP = 84, 252, 2274
@@ -49,6 +49,8 @@ _SYSTEMUI = "com.android.systemui"
 _TOGGLES = (("Wi-Fi", "global/wifi_on", "1", "0"), ("Bluetooth", "global/bluetooth_on", "1", "0"),
             ("Airplane mode", "global/airplane_mode_on", "1", "0"), ("Do not disturb", "global/zen_mode", "1", "0"),
             ("Dark theme", "secure/ui_night_mode", "2", "1"))
+#: The settings rows the Settings app shows, public: (title, setting, value when on, value when off).
+TOGGLES = _TOGGLES
 DEFAULT_SETTINGS: dict[str, str] = {"global/wifi_on": "1", "global/bluetooth_on": "0",
                                     "global/airplane_mode_on": "0", "global/zen_mode": "0",
                                     "secure/ui_night_mode": "1"}
