@@ -16,7 +16,10 @@ Roles (``ray.*`` in the config sets each one's actors and resources):
   each rank back-propagates every N-th micro-batch of the same batch, and the update is the
   single-process one (:func:`rlfactory_core.training.update.update_policy` with a
   ``DataParallel``; tested to give
-  the same weights as the local engine).
+  the same weights as the local engine). So is the cold start's warm-up
+  (:func:`rlfactory_core.training.cold_start.supervised_update`, also tested for parity); its
+  examples are collected by the driver: rejection sampling through the rollout workers,
+  demonstrations replayed and scored in the driver's own task.
 * **Judge pool** (``ray.judge``, used when ``ray.judge.rewards`` names rewards): those
   rewards (a judge model) are built once, on their own resources, and the rollout workers'
   reward layers send them the trajectories; timeouts, fallbacks and error counts stay the
