@@ -152,7 +152,9 @@ class TrainSection(_Section):
     warmup_steps: int = _field(0, "linear warm-up steps", ge=0)
     scheduler: Literal["constant", "linear", "cosine"] = _field("constant", "learning-rate schedule after warm-up")
     max_grad_norm: float = _field(1.0, "gradient clipping (0 = off)", ge=0)
-    bf16: bool = _field(True, "bf16 autocast for forward/backward (CPU and GPU)")
+    bf16: Literal["auto"] | bool = _field(
+        "auto", "bf16 autocast for forward/backward: auto = where the device computes bf16 natively (a GPU, a CPU "
+                "with AVX512/AMX), float32 elsewhere (emulated bf16 is tens of times slower)")
     seed: int = _field(0, "seed of data order, sampling and initialisation")
     device: str = _field("auto", "training device: auto (cuda when available), cpu, cuda, cuda:1 ...")
     threads: int | None = _field(None, "torch CPU threads for training (default: torch's)", ge=1)
@@ -311,7 +313,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rollout": {"max_turns": 3, "max_tokens_per_turn": 48, "max_trajectory_tokens": 1024,
                     "sampling": {"temperature": 0.7}},
         "grpo": {"group_size": 8, "prompts_per_step": 4, "advantage_norm": "group", "micro_batch_tokens": 2048},
-        "train": {"steps": 10, "lr": 1e-5, "bf16": True},
+        "train": {"steps": 10, "lr": 1e-5, "bf16": "auto"},
         "data": {"eval_size": 64},
         "eval": {"every": 5, "temperature": 0.7},
         "checkpoint": {"every": 5},

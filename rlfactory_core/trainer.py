@@ -102,6 +102,8 @@ from .stopping import PhaseDropped, RunStopper
 from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch
 from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
+from .training.logprobs import bf16_warning
+from .training.policy import training_device
 from .training.cold_start import collect_examples, example_batch
 
 __all__ = ["train", "TrainingInterrupted"]
@@ -151,6 +153,8 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     # ---- the run directory, the engine
     run_dir = resume if resume is not None else new_run_dir(config)
     _announce(console, config, run_dir, checkpoint)
+    if (warning := bf16_warning(config.train.bf16, training_device(config))) is not None:
+        _say(console, f"warning: {warning}")
     log_to(run_dir / LOG_FILE)  # the engines' output, captured by the CLI until now
     write_run_files(run_dir, config)
     engine = make_engine(config, task, tokenizer, base_path=base_path, checkpoint=checkpoint, processor=processor,
