@@ -114,6 +114,9 @@ class GRPOSection(_Section):
                 "auto = on with flash-attention 2 (its varlen kernel), off with SDPA, where the block-diagonal "
                 "mask costs more than the little padding of length-sorted micro-batches")
     _packing_on_off = pydantic.field_validator("packing", mode="before")(_yaml_on_off)
+    shared_prefix: bool = _field(
+        True, "compute the prompt a group's trajectories share once per micro-batch in the update (exact: the "
+              "same logprobs and gradients, a fraction of the compute); padded micro-batches of text only")
     entropy_coef: float = _field(0.0, "entropy bonus coefficient (0 = only measured)", ge=0)
     turn_rewards: bool = _field(
         True, "add the env's per-turn rewards (placed on each turn's last token) to the advantage")

@@ -2,7 +2,7 @@
 
 The batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per trajectory,
 right-padded): ``input_ids``, ``attention_mask``, ``loss_mask``, ``sampler_logprobs`` and
-``advantages`` ([B, L]), ``lengths`` and ``sequence_advantages`` ([B]); with images, their
+``advantages`` ([B, L]), ``lengths``, ``prompt_lengths`` and ``sequence_advantages`` ([B]); with images, their
 model inputs (``image_inputs``, ``image_counts``). The update adds ``old_logprobs`` and
 ``ref_logprobs``. Micro-batches are row selections of it (trajectories of similar length,
 at most ``grpo.micro_batch_tokens`` tokens), narrowed to their longest row, and each is fed
@@ -41,7 +41,7 @@ def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
     """The trajectories as ``[B, L]`` tensors, right-padded to the longest: ``input_ids``
     (prompt, then every model and observation segment, in order), ``attention_mask`` (1 on
     real tokens), ``loss_mask`` (1 on tokens the model sampled), ``logprobs`` (the sampler's,
-    where ``loss_mask`` is 1, else 0); and ``lengths`` (``[B]``). A model segment without a
+    where ``loss_mask`` is 1, else 0); and ``lengths`` and ``prompt_lengths`` (``[B]``). A model segment without a
     logprob for each of its tokens is refused."""
     import torch
     from tensordict import TensorDict
@@ -50,6 +50,7 @@ def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
         raise ValueError("no trajectories to convert")
     rows = [_rows(t) for t in trajectories]
     lengths = torch.tensor([len(ids) for ids, _, _ in rows], dtype=torch.int64)
+    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories], dtype=torch.int64)
     batch, width = len(rows), int(lengths.max())
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.int64)
     attention_mask = torch.zeros((batch, width), dtype=torch.int64)
@@ -62,7 +63,8 @@ def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
         loss_mask[row, :n] = torch.tensor(mask, dtype=torch.int64)
         logprobs[row, :n] = torch.tensor(lps, dtype=torch.float32)
     return TensorDict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
-                       "logprobs": logprobs, "lengths": lengths}, batch_size=[batch])
+                       "logprobs": logprobs, "lengths": lengths, "prompt_lengths": prompt_lengths},
+                      batch_size=[batch])
 
 
 def turn_reward_tensor(trajectories: Sequence[Any], width: int,
@@ -187,10 +189,18 @@ def micro_image_inputs(micro: Any, device: Any, dtype: Any) -> dict[str, Any] | 
     return out
 
 
-def micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: bool = False) -> list[list[int]]:
+def micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: bool = False,
+                  shared_prompts: Any = None) -> list[list[int]]:
     """``rows`` grouped by length (so that little padding is computed), at most
     ``token_budget`` tokens each (at least one row): counted padded (rows x longest row)
-    or, ``packed``, as the sum of the rows' lengths."""
+    or, ``packed``, as the sum of the rows' lengths.
+
+    ``shared_prompts``: the batch (``input_ids``, ``prompt_lengths``), to plan for a shared
+    prompt (``grpo.shared_prefix``): rows with the same prompt (a GRPO group) go into
+    micro-batches of their own, each costing its prompt once plus every row's rest, padded
+    (:func:`rlfactory_core.training.logprobs.token_logprobs` then computes the prompt once)."""
+    if shared_prompts is not None and not packed:
+        return _shared_prompt_micro_batches(rows, lengths, token_budget, shared_prompts)
     ordered = sorted(rows, key=lambda r: int(lengths[r]))
     batches: list[list[int]] = []
     current: list[int] = []
@@ -202,5 +212,25 @@ def micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: 
             current = []
         current.append(row)
     if current:
+        batches.append(current)
+    return batches
+
+
+def _shared_prompt_micro_batches(rows: Sequence[int], lengths: Any, token_budget: int,
+                                 batch: Any) -> list[list[int]]:
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for row in rows:
+        prompt = tuple(batch["input_ids"][row, :int(batch["prompt_lengths"][row])].tolist())
+        by_prompt.setdefault(prompt, []).append(row)
+    batches: list[list[int]] = []
+    for prompt, members in by_prompt.items():
+        shared = len(prompt)
+        current: list[int] = []
+        for row in sorted(members, key=lambda r: int(lengths[r])):
+            longest = max([int(lengths[r]) for r in current] + [int(lengths[row])])
+            if current and shared + (len(current) + 1) * (longest - shared) > token_budget:
+                batches.append(current)
+                current = []
+            current.append(row)
         batches.append(current)
     return batches

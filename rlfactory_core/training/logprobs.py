@@ -54,7 +54,7 @@ def bf16_warning(setting: bool | str, device: Any) -> str | None:
 
 
 def token_logprobs(model: Any, micro: Any, *, bf16: bool | str, entropy: bool, entropy_grad: bool = False,
-                    packed: bool = False, temperature: float = 1.0) -> tuple[Any, Any]:
+                    packed: bool = False, temperature: float = 1.0, shared_prefix: bool = False) -> tuple[Any, Any]:
     """``[b, l]`` logprobs (and entropies) under ``model`` of the tokens of the micro-batch
     ``micro`` where its ``loss_mask`` is 1; zeros elsewhere. Only the masked positions'
     logits are normalised. The entropy carries a gradient only with ``entropy_grad`` (an
@@ -69,7 +69,14 @@ def token_logprobs(model: Any, micro: Any, *, bf16: bool | str, entropy: bool, e
     ``packed``: the rows' real tokens are concatenated into one row, with positions
     restarting at each trajectory and no attention mask; transformers then keeps the
     trajectories apart (flash-attention's varlen kernel, or a block-diagonal mask), and no
-    padding token is computed. The results are scattered back to the padded layout."""
+    padding token is computed. The results are scattered back to the padded layout.
+
+    ``shared_prefix`` (padded only): the tokens every row of the micro-batch has in common
+    at its start (a GRPO group's prompt, see :func:`.batch.micro_batches`) go through the
+    model once, and the rows' rest attends to their keys and values; gradients from every
+    row flow back into that one computation, so the numbers are the unshared ones (to float
+    rounding) for a fraction of the compute: with a 350-token prompt and 8 rows of 200 more,
+    1,950 tokens instead of 4,400."""
     import torch
 
     from .grpo import entropy_from_logits
@@ -95,7 +102,9 @@ def token_logprobs(model: Any, micro: Any, *, bf16: bool | str, entropy: bool, e
         if isinstance(model, torch.nn.Module) and getattr(model, "computes_scored_logits", False):
             chosen = model(model_ids, model_mask, model_positions, targets).float()  # an FSDP root (ray engine)
         else:
-            chosen = scored_logits(model, model_ids, model_mask, model_positions, targets, images).float()
+            prefix = common_prefix_length(model_ids, model_mask) if shared_prefix and not packed else 0
+            chosen = scored_logits(model, model_ids, model_mask, model_positions, targets, images,
+                                   shared_prefix=prefix).float()
     if temperature >= GREEDY_TEMPERATURE:
         chosen = chosen / temperature
     token_ids = model_ids[:, 1:][targets]
@@ -117,8 +126,26 @@ def token_logprobs(model: Any, micro: Any, *, bf16: bool | str, entropy: bool, e
     return logprobs, entropies
 
 
+#: Below this many common tokens a shared prefix is not worth a second forward call.
+MIN_SHARED_PREFIX = 16
+
+
+def common_prefix_length(input_ids: Any, attention_mask: Any) -> int:
+    """How many tokens at the start every row has, identical and real; 0 when sharing them
+    would not pay (one row, fewer than :data:`MIN_SHARED_PREFIX`). At most the width less one,
+    so the rows keep a token of their own."""
+    import torch
+
+    if input_ids.shape[0] < 2:
+        return 0
+    same = ((input_ids == input_ids[:1]) & attention_mask.bool()).all(0)
+    length = int(torch.cumprod(same.int(), 0).sum())
+    length = min(length, input_ids.shape[1] - 1)
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
 def scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids: Any, targets: Any,
-                   images: dict[str, Any] | None = None) -> Any:
+                   images: dict[str, Any] | None = None, shared_prefix: int = 0) -> Any:
     """``[N, V]`` logits of the positions that predict the ``targets`` (``[b, l-1]`` bool).
 
     The vocabulary projection only where a sampled token is scored: prompts and
@@ -133,6 +160,10 @@ def scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids:
                             use_cache=False, **images).last_hidden_state
         return head(hidden[:, :-1][targets])
     decoder, head = _decoder_and_head(model)
+    if decoder is not None and shared_prefix and not getattr(model, "is_gradient_checkpointing", False):
+        # (gradient checkpointing turns the key/value cache off inside the decoder)
+        hidden = _shared_prefix_hidden(model, decoder, input_ids, attention_mask, position_ids, shared_prefix)
+        return head(hidden[:, :-1][targets])
     if decoder is not None:
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
@@ -140,6 +171,25 @@ def scored_logits(model: Any, input_ids: Any, attention_mask: Any, position_ids:
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                    use_cache=False).logits
     return logits[:, :-1][targets]
+
+
+def _shared_prefix_hidden(model: Any, decoder: Any, input_ids: Any, attention_mask: Any, position_ids: Any,
+                          prefix: int) -> Any:
+    """``[b, l, h]`` hidden states: the first ``prefix`` tokens (the same in every row)
+    computed once, the rest of each row on top of their key/value cache."""
+    import torch
+    from transformers import DynamicCache
+
+    rows = input_ids.shape[0]
+    cache = DynamicCache(config=getattr(model, "config", None))
+    head_hidden = decoder(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix],
+                          position_ids=position_ids[:1, :prefix], past_key_values=cache,
+                          use_cache=True).last_hidden_state
+    cache.batch_repeat_interleave(rows)  # differentiable: every row's gradient reaches the one prefix
+    tail_hidden = decoder(input_ids=input_ids[:, prefix:], attention_mask=attention_mask,
+                          position_ids=position_ids[:, prefix:], past_key_values=cache,
+                          use_cache=True).last_hidden_state
+    return torch.cat([head_hidden.expand(rows, -1, -1), tail_hidden], dim=1)
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any]:

@@ -77,6 +77,13 @@ class DataParallel:
 SINGLE_PROCESS = DataParallel(rank=0, world=1)
 
 
+def shares_prompts(config: RunConfig, batch: Any, packed: bool) -> bool:
+    """Whether micro-batches compute a group's common prompt once (``grpo.shared_prefix``):
+    padded micro-batches of text (images and packing take the plain path)."""
+    return config.grpo.shared_prefix and not packed and "image_inputs" not in batch.keys() and \
+        "prompt_lengths" in batch.keys()
+
+
 def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, packed: bool,
                    dp: DataParallel = SINGLE_PROCESS) -> Any:
     """``[B, L]`` logprobs under ``model`` of the sampled tokens of ``rows`` of the batch, without
@@ -85,12 +92,14 @@ def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, p
     import torch
 
     out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
-    planned = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed)
+    shared = shares_prompts(config, batch, packed)
+    planned = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed,
+                            shared_prompts=batch if shared else None)
     with torch.no_grad():
         for micro_rows, real in dp.rounds(planned):
             micro = rows_of(batch, micro_rows)
             logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
-                                          temperature=config.rollout.sampling.temperature)
+                                          temperature=config.rollout.sampling.temperature, shared_prefix=shared)
             if real:
                 out[micro_rows, :logprobs.shape[1]] = logprobs.cpu()
     dp.combine_rows(out, model)
@@ -130,6 +139,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
 
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
+    shared = shares_prompts(config, batch, packed)
     ranks = dp.world
     shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
     for _epoch in range(g.epochs):
@@ -142,13 +152,15 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
             if num_tokens == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
-            planned = micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed)
+            planned = micro_batches(mini, batch["lengths"], g.micro_batch_tokens, packed,
+                                    shared_prompts=batch if shared else None)
             for micro_rows, real in dp.rounds(planned):
                 micro = rows_of(batch, micro_rows).to(device)
                 mask = micro["loss_mask"]
                 logprobs, entropies = token_logprobs(model, micro, bf16=config.train.bf16, entropy=True,
                                                       entropy_grad=g.entropy_coef > 0, packed=packed,
-                                                      temperature=config.rollout.sampling.temperature)
+                                                      temperature=config.rollout.sampling.temperature,
+                                                      shared_prefix=shared)
                 old = logprobs.detach() if on_policy else micro["old_logprobs"]
                 sampler = micro["sampler_logprobs"]
                 weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
