@@ -55,9 +55,12 @@ _INSTRUCTIONS = {"short": SHORT_INSTRUCTION, "search-r1": INSTRUCTION}
 #: What ``require_search`` says to an answer given before any search.
 SEARCH_FIRST = "Search first: call the search tool to find the answer, then answer inside <answer> and </answer>."
 
-#: Worked examples for small models: (question, [(query, passage found)], answer). The
-#: countries are in the training split, so no evaluation answer is given away
-#: (tests/test_data.py checks), and the passages are the corpus's own.
+#: Worked examples for small models: (question, [(query, passage found)], answer). The prompt
+#: shows the first ``few_shot`` of them (two by default: a one-search and a two-search
+#: question); all five cover each kind of fact the corpus holds (currency, region, capital,
+#: language) and two questions of two hops. The countries are in the training split, so no
+#: evaluation answer is given away (tests/test_data.py checks), and the passages are the
+#: corpus's own.
 EXAMPLES = (
     ("Which currency is used in Norway?",
      [("Norway currency", '"Norway"\nNorway uses the Norwegian Krone as its currency. Languages spoken in Norway '
@@ -67,6 +70,17 @@ EXAMPLES = (
      [("Asunción capital", '"Asunción"\nAsunción is the capital city of Paraguay.'),
       ("Paraguay region", '"Paraguay"\nParaguay lies in the Americas region, in Latin America and the Caribbean.')],
      "Americas"),
+    ("What is the capital of Peru?",
+     [("Peru capital", '"Lima"\nLima is the capital city of Peru. It lies at 12.06° S, 77.04° W.')],
+     "Lima"),
+    ("Which language is spoken in Egypt?",
+     [("Egypt language", '"Egypt"\nEgypt uses the Egyptian Pound as its currency. Languages spoken in Egypt '
+                         'include Arabic.')],
+     "Arabic"),
+    ("What currency is used in the country whose capital is Stockholm?",
+     [("Stockholm capital", '"Stockholm"\nStockholm is the capital city of Sweden.'),
+      ("Sweden currency", '"Sweden"\nSweden uses the Swedish Krona as its currency.')],
+     "Swedish Krona"),
 )
 
 
@@ -135,8 +149,11 @@ class DeepSearchEnv:
         passages a passage matching more query words should beat one repeating the entity's
         name (recall@2 of the first needed passage, the question as the query, on the
         training questions: 0.97 against 0.89 with k1=1.5).
-    :param few_shot: show two worked examples (a one-search and a two-search question) in
-        the prompt.
+    :param few_shot: how many worked examples the prompt shows (``EXAMPLES``, at most five);
+        true = two (a one-search and a two-search question), false = none. With all five the
+        embedded model's searches name the fact asked for (``China capital``, not ``China``),
+        but its base accuracy on the validation split fell from 0.104 to 0.065 (measured with
+        the five in another order): it copied the query into its answer more often.
     :param instruction: ``short`` (default, fewer tokens for small models) or ``search-r1``
         (Search-R1's wording) or any text.
     :param parser: the parser that renders the examples' tool calls. The trainer passes the
@@ -167,7 +184,7 @@ class DeepSearchEnv:
 
     def __init__(self, retriever: str = "bm25", url: str | None = None, corpus: str | None = None,
                  train_file: str | None = None, test_file: str | None = None, data_dir: str | None = None,
-                 topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool = True,
+                 topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool | int = True,
                  instruction: str = "short",
                  parser: str = "search_r1", max_batch: int = 64, cache_dir: str | None = None,
                  require_search: bool = False):
@@ -189,6 +206,11 @@ class DeepSearchEnv:
         for key, path in (("corpus", corpus), ("train_file", train_file), ("test_file", test_file)):
             if path is not None and not Path(path).expanduser().is_file():
                 problems.append(f"env_options.{key}: no file at {path}")
+        if isinstance(few_shot, bool):
+            few_shot = 2 if few_shot else 0
+        if not isinstance(few_shot, int) or not 0 <= few_shot <= len(EXAMPLES):
+            problems.append(f"env_options.few_shot: true, false or a number of worked examples from 0 to "
+                            f"{len(EXAMPLES)}, got {few_shot!r}")
         if problems:
             raise ConfigError(problems)
         self.retriever_kind, self.url, self.topk = retriever, url, topk
@@ -253,7 +275,7 @@ class DeepSearchEnv:
         """The worked examples as a conversation: question, searches and their results in
         the parser's format, answer."""
         messages: list[Message] = []
-        for question, searches, answer in EXAMPLES:
+        for question, searches, answer in EXAMPLES[:self.few_shot]:
             messages.append(Message(role="user", content=question))
             for query, passage in searches:
                 call = ToolCall(name="search", arguments={"query": query}, id=f"example-{len(messages)}")

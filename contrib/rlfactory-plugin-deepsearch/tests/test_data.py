@@ -196,9 +196,10 @@ def test_splits_share_no_question_and_no_country(splits):
             assert not questions[a] & questions[b], (a, b)
             assert not countries[a] & countries[b], (a, b)
     assert sum(len(q) for q in questions.values()) == sum(len(rows) for rows in splits.values())
-    # The env's worked examples ask about Norway and Paraguay (via Asunción): they must not give
-    # away an evaluation answer, and their passages must be the corpus's own.
-    assert {"Norway", "Paraguay"} <= countries["train"]
+    # The env's worked examples ask about Peru, Norway, Paraguay (via Asunción), Egypt and Sweden
+    # (via Stockholm): they must not give away an evaluation answer, and their passages must be
+    # the corpus's own.
+    assert {"Peru", "Norway", "Paraguay", "Egypt", "Sweden"} <= countries["train"]
 
 
 def test_the_envs_worked_examples_quote_the_corpus(corpus):

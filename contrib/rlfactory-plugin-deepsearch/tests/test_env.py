@@ -96,11 +96,23 @@ async def test_reset_shows_the_worked_examples_in_the_parsers_format_then_the_qu
     assert roles[0] == "system" and roles[-1] == "user"
     assert reset.messages[-1].content == "What is the capital of Peru?"
     example = "\n".join(m.content for m in reset.messages[1:-1])
-    # two worked examples: one search, then two searches
+    # two worked examples by default: one search, then two searches
     assert "<search> Norway currency </search>" in example
     assert "<search> Asunción capital </search>" in example and "<search> Paraguay region </search>" in example
     assert example.count("<information>") == 3 and '<information>Doc 1(Title: "Norway")' in example
     assert "<answer>Norwegian Krone</answer>" in example and "<answer>Americas</answer>" in example
+    assert "Peru capital" not in example
+    # all five: a capital, a language and a second two-hop question besides
+    five = "\n".join(m.content for m in (await DeepSearchEnv(few_shot=5).reset({"question": "Q?"})).messages)
+    assert "<search> Peru capital </search>" in five and "<answer>Lima</answer>" in five
+    assert "<search> Egypt language </search>" in five and "<answer>Arabic</answer>" in five
+    assert "<search> Stockholm capital </search>" in five and "<search> Sweden currency </search>" in five
+    assert five.count("<information>") == 7
+    assert (await DeepSearchEnv(few_shot=1).reset({"question": "Q?"})).messages[2].content == \
+        "<search> Norway currency </search>"
+    for bad in (6, -1, "two"):
+        with pytest.raises(ConfigError, match="env_options.few_shot"):
+            DeepSearchEnv(few_shot=bad)
     assert [t.name for t in reset.tools] == ["search"]
     assert (await DeepSearchEnv(few_shot=False).reset({"question": "Q?"})).messages[1:] == [Message("user", "Q?")]
     with pytest.raises(ValueError, match="needs a 'question'"):
