@@ -102,3 +102,23 @@ def test_an_update_with_a_shared_prefix_is_the_unshared_update(kl_coef):
     assert torch.allclose(weights[True], weights[False], rtol=1e-4, atol=1e-6)
     for key in ("train/loss", "train/grad_norm", "train/kl", "train/trained_tokens"):
         assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4, abs=1e-7), key
+
+
+def test_the_cold_starts_warm_up_shares_the_system_prompt_of_different_samples_exactly():
+    from rlfactory_core.training.cold_start import example_batch, supervised_update
+
+    # three samples: the same 30-token system prompt, then questions and answers of their own
+    system = list(range(10, 40))
+    trajectories = [trajectory(system + [50 + i, 51 + i, 52], i, [60 + i, 61, 62, 63 + i]) for i in range(3)]
+    weights, stats = {}, {}
+    for shared in (False, True):
+        config = load_config([], ["train.bf16=false", f"grpo.shared_prefix={shared}", "cold_start.epochs=1",
+                                  "cold_start.batch_size=3"])
+        model = tiny_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        stats[shared] = supervised_update(model, optimizer, example_batch(trajectories, 0), config)
+        weights[shared] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    batch = example_batch(trajectories, 0)
+    assert common_prefix_length(batch["input_ids"], batch["attention_mask"]) == len(system)
+    assert torch.allclose(weights[True], weights[False], rtol=1e-4, atol=1e-6)
+    assert stats[True]["cold_start/loss_start"] == pytest.approx(stats[False]["cold_start/loss_start"], rel=1e-5)

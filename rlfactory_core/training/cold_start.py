@@ -49,7 +49,7 @@ from ..config import RunConfig
 from ..interfaces import member
 from .batch import micro_batches, rows_of, to_tensordict
 from .logprobs import token_logprobs
-from .update import SINGLE_PROCESS, DataParallel
+from .update import SINGLE_PROCESS, DataParallel, shares_prompts
 
 __all__ = ["ColdStartExamples", "cold_start_order", "rejection_examples", "demonstration_examples",
            "collect_examples", "example_batch", "warm_up_optimizer", "supervised_update", "ReplayBackend"]
@@ -272,6 +272,7 @@ def supervised_update(model: Any, optimizer: Any, batch: Any, config: RunConfig,
     loss_start = None
     grad_norms: list[float] = []
     trained = 0.0
+    shared = shares_prompts(config, batch, packed)
     for _epoch in range(cold.epochs):
         order = list(rows)
         shuffler.shuffle(order)
@@ -286,7 +287,10 @@ def supervised_update(model: Any, optimizer: Any, batch: Any, config: RunConfig,
             for micro_rows, real in dp.rounds(micro_batches(mini, batch["lengths"], config.grpo.micro_batch_tokens,
                                                             packed)):
                 micro = rows_of(batch, micro_rows).to(device)
-                logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed)
+                # rows of different samples still share the system prompt (instruction, tools,
+                # worked examples): computed once per micro-batch
+                logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
+                                             shared_prefix=shared)
                 nll = -(logprobs * micro["loss_mask"]).sum()
                 if not real:  # padding for the collectives: no gradient, no statistics
                     (nll * 0.0).backward()

@@ -20,7 +20,7 @@ from ..config import RunConfig
 from .batch import micro_batches, rows_of
 from .logprobs import token_logprobs
 
-__all__ = ["update_policy", "batch_logprobs", "DataParallel", "SINGLE_PROCESS"]
+__all__ = ["update_policy", "batch_logprobs", "shares_prompts", "DataParallel", "SINGLE_PROCESS"]
 
 
 @dataclass(frozen=True)
