@@ -33,7 +33,7 @@ def _protocol_methods():
 @pytest.mark.parametrize("engine_cls", _engine_classes(), ids=lambda cls: cls.__name__)
 def test_every_engine_implements_the_whole_protocol_with_coroutines(engine_cls):
     methods = _protocol_methods()
-    assert set(methods) == {"start", "rollout", "update", "sync_weights", "save", "close"}
+    assert set(methods) == {"start", "rollout", "update", "supervised_update", "sync_weights", "save", "close"}
     for name, spec in methods.items():
         implementation = getattr(engine_cls, name, None)
         assert implementation is not None, f"{engine_cls.__name__} has no {name}()"
