@@ -272,7 +272,7 @@ def supervised_update(model: Any, optimizer: Any, batch: Any, config: RunConfig,
     loss_start = None
     grad_norms: list[float] = []
     trained = 0.0
-    shared = shares_prompts(config, batch, packed)
+    shared = shares_prompts(config, batch, packed, model)
     for _epoch in range(cold.epochs):
         order = list(rows)
         shuffler.shuffle(order)

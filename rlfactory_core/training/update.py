@@ -77,9 +77,13 @@ class DataParallel:
 SINGLE_PROCESS = DataParallel(rank=0, world=1)
 
 
-def shares_prompts(config: RunConfig, batch: Any, packed: bool) -> bool:
+def shares_prompts(config: RunConfig, batch: Any, packed: bool, model: Any = None) -> bool:
     """Whether micro-batches compute a group's common prompt once (``grpo.shared_prefix``):
-    padded micro-batches of text (images and packing take the plain path)."""
+    padded micro-batches of text on a model that scores through its decoder (images, packing,
+    gradient checkpointing and the ray engine's FSDP root take the plain path, and their
+    micro-batches are planned by length alone)."""
+    if getattr(model, "computes_scored_logits", False) or getattr(model, "is_gradient_checkpointing", False):
+        return False
     return config.grpo.shared_prefix and not packed and "image_inputs" not in batch.keys() and \
         "prompt_lengths" in batch.keys()
 
@@ -92,7 +96,7 @@ def batch_logprobs(model: Any, batch: Any, rows: list[int], config: RunConfig, p
     import torch
 
     out = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32)
-    shared = shares_prompts(config, batch, packed)
+    shared = shares_prompts(config, batch, packed, model)
     planned = micro_batches(rows, batch["lengths"], config.grpo.micro_batch_tokens, packed,
                             shared_prompts=batch if shared else None)
     with torch.no_grad():
@@ -139,7 +143,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
 
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device
-    shared = shares_prompts(config, batch, packed)
+    shared = shares_prompts(config, batch, packed, model)
     ranks = dp.world
     shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
     for _epoch in range(g.epochs):
