@@ -126,6 +126,14 @@ class GRPOSection(_Section):
     max_extra_rollouts: int = _field(
         2, "with dynamic_sampling: extra rollouts a step may make to fill its batch; then it trains on what it "
            "has", ge=0)
+    overlong_filter: bool = _field(
+        False, "DAPO's overlong filtering: trajectories a limit cut off (the last turn at max_tokens_per_turn, or "
+               "ended by the token budget or max_turns) carry no loss (rlfactory_core.training.overlong)")
+    overlong_buffer: int = _field(
+        0, "DAPO's soft overlong penalty: a trajectory longer than rollout.max_trajectory_tokens - overlong_buffer "
+           "tokens loses reward linearly, up to overlong_penalty at the limit; 0 = off", ge=0)
+    overlong_penalty: float = _field(1.0, "the soft overlong penalty's largest value (reward lost at the limit)",
+                                     ge=0)
 
 
 class ColdStartSection(_Section):
@@ -301,6 +309,10 @@ class RunConfig(_Section):
                                  f"cold_start.source=rejection, or score them in the rollout workers")
         if self.rollout.max_trajectory_tokens < self.rollout.max_tokens_per_turn:
             raise ValueError("rollout.max_trajectory_tokens must be at least rollout.max_tokens_per_turn")
+        if self.grpo.overlong_buffer >= self.rollout.max_trajectory_tokens:
+            raise ValueError(f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be less than "
+                             f"rollout.max_trajectory_tokens ({self.rollout.max_trajectory_tokens}): the penalty "
+                             f"starts that many tokens before the limit")
         return self
 
 

@@ -19,7 +19,10 @@ One training step:
    (``reward/errors``): one bad trajectory never ends the run. The step's batch is assembled
    from the finished groups (``rlfactory_core.training.assembly``): all of them, or with
    ``grpo.dynamic_sampling`` those whose rewards differ, the next prompts rolled out (steps
-   1-3 again, a bounded number of times) until the batch is full.
+   1-3 again, a bounded number of times) until the batch is full. Options for trajectories a
+   length limit cut off (``rlfactory_core.training.overlong``, DAPO): ``grpo.overlong_buffer``
+   adds a soft length penalty to the training reward before the assembly;
+   ``grpo.overlong_filter`` masks their loss when the batch is built (step 4).
 4. **Advantages**: reward minus the group mean, scaled by ``grpo.advantage_norm``; per-turn
    rewards from the env are added on the tokens of their turn and the turns before it
    (``rlfactory_core.training.grpo`` has the formulas and the reasons).
@@ -101,6 +104,7 @@ from .runs import new_run_dir, write_run_files
 from .stopping import PhaseDropped, RunStopper
 from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch
+from .training.overlong import overlong_metrics, with_overlong_penalty
 from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from .training.logprobs import bf16_warning
 from .training.policy import training_device
@@ -318,7 +322,7 @@ async def _rollout_batch(engine: Any, config: RunConfig, step: int, train_sample
         batch_samples = [train_samples[i] for i in indices]
         result = await engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),
                                       group_size=g.group_size, rewards="train")
-        assembler.add(result.trajectories, result.scored)
+        assembler.add(result.trajectories, with_overlong_penalty(result.trajectories, result.scored, config))
         samples += batch_samples
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
@@ -365,6 +369,7 @@ def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, a
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(rollout_stats)
     metrics.update(tool_metrics("tools", rollout_stats, trajectories))
+    metrics.update(overlong_metrics(trajectories, config))
     n = len(trajectories)
     metrics["time/generation_per_trajectory"] = sum(t.metadata.get("generation_s", 0.0) for t in trajectories) / n
     metrics["time/tools_per_trajectory"] = sum(t.metadata.get("tool_s", 0.0) for t in trajectories) / n

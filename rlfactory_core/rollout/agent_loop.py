@@ -25,7 +25,9 @@ the model's context: the context is never silently cut),
 ``prompt_too_long``, ``tool_error`` (with ``on_tool_error="end"``), ``aborted`` (the backend
 gave up on a request), ``env_error`` / ``generation_error`` (an exception, recorded in
 ``metadata["error"]``; the batch goes on). Failures of tools and parse errors are shown to
-the model as error observations and counted in ``metadata``.
+the model as error observations and counted in ``metadata``; so are turns stopped at
+``max_tokens_per_turn`` (``cut_turns``, and ``last_turn_cut`` for the last turn: see
+:mod:`rlfactory_core.training.overlong`).
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ async def run_trajectory(
     sample_id = str(sample.get("id", index)) if hasattr(sample, "get") else str(index)
     trajectory = Trajectory(sample_id=sample_id, prompt_ids=[])
     errors: Counter[str] = Counter()
-    trajectory.metadata.update(tool_errors=errors, parse_errors=0, generation_s=0.0, tool_s=0.0)
+    trajectory.metadata.update(tool_errors=errors, parse_errors=0, generation_s=0.0, tool_s=0.0, cut_turns=0)
     state: Any = None
     reset: EnvReset | None = None
     try:
@@ -200,6 +202,9 @@ async def run_trajectory(
             context.extend(generation.token_ids)
             text = chat.decode(generation.token_ids)
             trajectory.messages.append(Message(role="assistant", content=text))
+            # a turn stopped at max_tokens: the last one makes the trajectory cut off (training.overlong)
+            trajectory.metadata["last_turn_cut"] = generation.finish_reason == "length"
+            trajectory.metadata["cut_turns"] += generation.finish_reason == "length"
             if generation.finish_reason == "abort":
                 return _end(trajectory, "aborted", "the backend aborted the request")
 

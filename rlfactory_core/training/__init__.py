@@ -2,6 +2,7 @@
 
 * :mod:`.grpo`: advantages and losses, pure functions on tensors.
 * :mod:`.assembly`: a step's batch from finished groups (dynamic sampling's filters).
+* :mod:`.overlong`: trajectories a length limit cut off (DAPO's filter and soft penalty).
 * :mod:`.batch`: the rollout batch (a TensorDict, one row per trajectory) and micro-batches.
 * :mod:`.logprobs`: the policy's logprobs of the sampled tokens.
 * :mod:`.update`: the optimizer steps on one batch (single process or one FSDP rank).

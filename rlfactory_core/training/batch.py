@@ -95,7 +95,8 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
                 processor: Any = None, *, reward_turn_rewards: Sequence[Sequence[float]] | None = None) -> Any:
     """The rollout batch as a TensorDict (see above), with per-token advantages computed
     within each trajectory's ``group``; with images (a vision-language model's
-    ``processor``), their model inputs too. ``reward_turn_rewards``: the rewards' per-turn
+    ``processor``), their model inputs too. With ``grpo.overlong_filter`` the rows of
+    cut-off trajectories get an empty loss mask. ``reward_turn_rewards``: the rewards' per-turn
     rewards of each row, added to the env's."""
     import torch
 
@@ -114,6 +115,12 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     if config.grpo.turn_rewards and has_turn_rewards:
         turn_rewards = turn_reward_tensor(trajectories, td["input_ids"].shape[1], reward_turn_rewards)
     td["sampler_logprobs"] = td.pop("logprobs")
+    if config.grpo.overlong_filter:  # cut-off trajectories carry no loss (training.overlong)
+        from .overlong import cut_off
+
+        for row, trajectory in enumerate(trajectories):
+            if cut_off(trajectory):
+                td["loss_mask"][row] = 0
     td["advantages"] = token_advantages(advantages, td["loss_mask"], turn_rewards)
     td["sequence_advantages"] = advantages
     return td

@@ -110,13 +110,14 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: LossAgg,
     """One number from ``[B, L]`` per-token values over the masked tokens.
 
     ``num_tokens`` / ``num_sequences`` are the normalisers of the whole mini-batch when this
-    is one micro-batch of it (default: this batch's own)."""
+    is one micro-batch of it (default: this batch's own). A row without a masked token (a
+    filtered trajectory) is not a sequence the ``seq_mean`` modes average over."""
     mask = mask.to(per_token.dtype)
     summed = per_token * mask
     if mode == "token_mean":
         denominator = mask.sum() if num_tokens is None else torch.tensor(float(num_tokens))
         return summed.sum() / denominator.clamp(min=1)
-    sequences = float(per_token.shape[0]) if num_sequences is None else float(num_sequences)
+    sequences = float((mask.sum(-1) > 0).sum()) if num_sequences is None else float(num_sequences)
     if mode == "seq_mean_token_sum":
         return summed.sum() / max(sequences, 1.0)
     if mode == "seq_mean_token_mean":

@@ -153,6 +153,8 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
         for start in range(0, len(order), size):
             mini = order[start:start + size]
             num_tokens = float(batch["loss_mask"][mini].sum())
+            # trajectories without a loss token (filtered, or nothing sampled) are not averaged over
+            num_sequences = int((batch["loss_mask"][mini].sum(-1) > 0).sum())
             if num_tokens == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
@@ -175,7 +177,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
                     per_token = per_token + g.kl_coef * kl
                 if g.entropy_coef > 0:
                     per_token = per_token - g.entropy_coef * entropies
-                loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=len(mini))
+                loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=num_sequences)
                 if not real:  # padding for the collectives: no gradient, no statistics
                     (loss * 0.0).backward()
                     continue
