@@ -434,7 +434,7 @@ class AndroidEnv:
         if splits is not None and not isinstance(splits, dict):
             problems.append(f"env_options.splits: must map split names to task files, got {splits!r}")
             splits = None
-        defaults = {"train": str(BUILTIN_DIR / "train.jsonl"), "test": str(BUILTIN_DIR / "test.jsonl")}
+        defaults = {split: str(BUILTIN_DIR / f"{split}.jsonl") for split in ("train", "validation", "test")}
         files: dict[str, Path] = {}
         for split, name in {**defaults, **(splits or {})}.items():
             if name is None:

@@ -13,11 +13,12 @@ screen). ``check`` is a :class:`~rlfactory_android.device.Check` (kinds ``settin
 ``contact_exists``, ``contact_absent``, ``note_exists``, ``text_field``). Every problem in a
 file is reported at once, with its line number.
 
-The built-in tasks (``tasks/train.jsonl`` and ``tasks/test.jsonl`` in this package) are made
-by :func:`builtin_tasks` for the simulated phone's apps; the test split uses other names,
-numbers and note texts than the train split, so its contact and note tasks are unseen.
-``python -m rlfactory_android.tasks`` rewrites the files (they are checked in; a test checks
-they are what :func:`builtin_tasks` makes).
+The built-in tasks (``tasks/train.jsonl``, ``tasks/validation.jsonl`` and ``tasks/test.jsonl``
+in this package) are made by :func:`builtin_tasks` for the simulated phone's apps; the
+validation and test splits each use other names, numbers and note texts than the others, so
+their contact and note tasks are unseen in training, and validation (for tuning) says nothing
+of test. ``python -m rlfactory_android.tasks`` rewrites the files (they are checked in; a test
+checks they are what :func:`builtin_tasks` makes).
 """
 
 from __future__ import annotations
@@ -104,27 +105,32 @@ _NAMES = {
     "train": ["Alice Smith", "Bob Jones", "Carol White", "David Brown", "Emma Davis", "Frank Miller", "Grace Wilson",
               "Henry Moore", "Irene Taylor", "Jack Anderson", "Karen Thomas", "Liam Jackson"],
     "test": ["Maria Garcia", "Noah Martin", "Olivia Lee", "Peter Walker", "Quinn Hall", "Rosa Allen"],
+    "validation": ["Sofia Young", "Tom King", "Uma Wright", "Victor Scott", "Wendy Green", "Xavier Baker"],
 }
 _NOTES = {
     "train": ["Buy milk", "Call mom", "Pay rent", "Book flights", "Water the plants", "Return library books"],
     "test": ["Renew passport", "Fix the bike", "Send invoice"],
+    "validation": ["Pick up laundry", "Email the landlord", "Cancel the gym"],
 }
+_PHONE_BASE = {"train": 0, "test": 5000, "validation": 3000}
 
 
 def _phone(split: str, i: int) -> str:
-    return f"555-{(0 if split == 'train' else 5000) + 101 * (i + 1):04d}"
+    return f"555-{_PHONE_BASE[split] + 101 * (i + 1):04d}"
 
 
 def builtin_tasks(split: str) -> list[dict[str, Any]]:
-    """The built-in tasks of ``split`` (``train`` or ``test``) as JSON rows, in a fixed order."""
+    """The built-in tasks of ``split`` (``train``, ``validation`` or ``test``) as JSON rows, in a
+    fixed order."""
     names, notes = _NAMES[split], _NOTES[split]
     rows: list[dict[str, Any]] = []
     # settings, both ways: train starts "on" tasks inside Settings (one right tap succeeds, a
-    # reward a small model can find) and "off" tasks on the home screen; test starts all inside
+    # reward a small model can find) and "off" tasks on the home screen; validation and test
+    # start all inside
     for title, name, on, off in _TOGGLES:
         for turn_on in (True, False):
             verb, want, other = ("on", on, off) if turn_on else ("off", off, on)
-            inside = split == "test" or turn_on
+            inside = split != "train" or turn_on
             rows.append({"id": f"{split}-setting-{name.split('/')[1]}-{verb}", "goal": f"Turn {verb} {title}.",
                          "start": {"settings": {name: other}, "app": "Settings" if inside else None},
                          "check": {"kind": "setting", "name": name, "value": want}})
@@ -154,7 +160,7 @@ def builtin_tasks(split: str) -> list[dict[str, Any]]:
 
 def _write_builtin(out_dir: Path = BUILTIN_DIR) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "test"):
+    for split in ("train", "validation", "test"):
         with open(out_dir / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for row in builtin_tasks(split):
                 f.write(json.dumps(row) + "\n")
@@ -162,4 +168,4 @@ def _write_builtin(out_dir: Path = BUILTIN_DIR) -> None:
 
 if __name__ == "__main__":
     _write_builtin()
-    print(f"wrote {BUILTIN_DIR}/train.jsonl and test.jsonl")
+    print(f"wrote {BUILTIN_DIR}/train.jsonl, validation.jsonl and test.jsonl")

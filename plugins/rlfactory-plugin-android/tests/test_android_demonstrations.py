@@ -19,7 +19,7 @@ def test_every_builtin_task_has_a_demonstration_that_the_reward_calls_a_success(
 
     async def run():
         out = {}
-        for split in ("train", "test"):
+        for split in ("train", "validation", "test"):
             samples = task.env.dataset(split=split)
             out[split] = samples, await demonstration_examples(task, chat, samples, config, len(samples))
         wifi = next(s for s in out["train"][0] if s["id"] == "train-setting-wifi_on-on")

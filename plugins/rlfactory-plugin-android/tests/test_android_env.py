@@ -433,20 +433,25 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
 
 
 def test_the_built_in_task_files_are_what_builtin_tasks_makes():
-    for split in ("train", "test"):
+    for split in ("train", "validation", "test"):
         lines = (BUILTIN_DIR / f"{split}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in lines] == builtin_tasks(split)
-    train, test = load_tasks(BUILTIN_DIR / "train.jsonl"), load_tasks(BUILTIN_DIR / "test.jsonl")
-    assert {t.check.kind for t in train} == {"setting", "contact_exists", "contact_absent", "text_field", "note_exists"}
+    train, validation, test = (load_tasks(BUILTIN_DIR / f"{split}.jsonl") for split in ("train", "validation", "test"))
+    kinds = {"setting", "contact_exists", "contact_absent", "text_field", "note_exists"}
+    assert {t.check.kind for t in train} == {t.check.kind for t in validation} == kinds
+    assert len(validation) == len(test) == 28
     names = lambda tasks: {t.check.name for t in tasks if t.check.kind.startswith("contact")}  # noqa: E731
-    assert not names(train) & names(test)  # contact tasks of the test split are unseen
+    notes = lambda tasks: {t.check.value for t in tasks if t.check.kind == "note_exists"}  # noqa: E731
+    for one, other in ((train, test), (train, validation), (validation, test)):  # contacts and notes unseen
+        assert not names(one) & names(other) and not notes(one) & notes(other)
+    assert AndroidEnv(few_shot=False).dataset(None, "validation")[0]["id"] == "validation-setting-wifi_on-on"
 
 
 async def test_every_built_in_task_is_solvable_on_the_simulated_phone_and_fails_untouched():
     """A scripted agent solves every task through the env's tools; doing nothing fails every one
     (the start state never already satisfies the check)."""
     env = AndroidEnv(few_shot=False)
-    for row in env.dataset(None, "train") + env.dataset(None, "test"):
+    for row in env.dataset(None, "train") + env.dataset(None, "validation") + env.dataset(None, "test"):
         reset, manager, call = await start(env, row)
         await env.close(reset.state)
         assert reset.state["success"] is False, row["id"]
