@@ -27,14 +27,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any, Sequence
 
 from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolArgumentsError,
-                            ToolCall, ToolResult, get_component, last_tag_content)
+                            ToolCall, ToolResult, get_component, last_tag_content, normalize_answer)
 
-__all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages"]
+__all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages", "search_plan"]
 
 #: Search-R1's instruction (``make_prefix`` in its ``nq_search.py``), with the search engine
 #: offered as a tool instead of ``<search>`` tags.
@@ -304,8 +305,67 @@ class DeepSearchEnv:
             return EnvStep(observation=[Message(role="user", content=SEARCH_FIRST)])
         return EnvStep(done=True, final_answer=extract_answer(turn.content))
 
+    async def demonstration(self, sample: Sample, parser: Any) -> list[str] | None:
+        """A worked episode for the cold start (``cold_start.source``): the searches a careful
+        reader makes for a countryinfo question (its ``kind``: one search for a one-hop
+        question, two for a two-hop one, as in the worked examples), then
+        ``<answer>gold</answer>``. Each search is run here first and kept only when what it
+        returns holds what the next step needs (the country a two-hop question leads to, then
+        the answer), so a demonstration never answers from a fact it did not find. The core
+        replays the turns through the agent loop (the searches really run) and keeps those the
+        rewards call correct. None for other samples (Search-R1's files have no ``kind``), when
+        a search misses, or for a parser without ``format_tool_call``."""
+        plan = search_plan(sample) if hasattr(sample, "get") else None
+        if plan is None or not callable(getattr(parser, "format_tool_call", None)):
+            return None
+        turns = []
+        for query, needed in plan:
+            found = await self.tools[0].call({"query": query})
+            if f" {normalize_answer(needed)} " not in f" {normalize_answer(found)} ":
+                return None
+            turns.append(parser.format_tool_call(ToolCall(name="search", arguments={"query": query})))
+        return [*turns, f"<answer>{sample['answer']}</answer>"]
+
     async def close(self, state: Any) -> None:
         """Nothing per episode: the retriever is shared by all of them."""
+
+
+#: The names a countryinfo question states, by kind (the phrasings of ``data._TEMPLATES``).
+_QUESTION_NAMES = {
+    "country_of_capital": (r"^Which country has (?P<capital>.+) as its capital\?$",
+                           r"^(?P<capital>.+) is the capital of which country\?$"),
+    "currency_via_capital": (r"whose capital(?: city)? is (?P<capital>.+?)\?$",),
+    "region_via_capital": (r"whose capital(?: city)? is (?P<capital>.+?)(?: in)?\?$",),
+    "capital_via_currency_border": (r"uses the (?P<currency>.+) and borders (?P<neighbour>.+)\?$",
+                                    r"borders (?P<neighbour>.+) and uses the (?P<currency>.+)\?$"),
+}
+
+
+def search_plan(sample: Sample) -> list[tuple[str, str]] | None:
+    """The searches for a countryinfo question, as ``(query, what its results must hold)``:
+    for a one-hop question the entity and the fact asked for ("Peru capital", the answer); for
+    a two-hop one first the clue that names the country ("Lima capital", the country), then
+    the country and the fact. None for a sample without a known ``kind``, ``entity`` and
+    ``answer``, or a question not in one of the dataset's phrasings."""
+    kind, entity, answer = sample.get("kind"), sample.get("entity"), sample.get("answer")
+    if not (isinstance(kind, str) and isinstance(entity, str) and isinstance(answer, str) and entity and answer):
+        return None
+    if kind in ("capital", "currency", "language", "region"):
+        return [(f"{entity} {kind}", answer)]
+    names = None
+    for pattern in _QUESTION_NAMES.get(kind, ()):
+        found = re.search(pattern, str(sample.get("question", "")).strip())
+        if found:
+            names = found.groupdict()
+            break
+    if names is None:
+        return None
+    if kind == "country_of_capital":
+        return [(f"{names['capital']} capital", answer)]
+    if kind == "capital_via_currency_border":
+        return [(f"{names['currency']} {names['neighbour']}", entity), (f"{entity} capital", answer)]
+    fact = kind.removesuffix("_via_capital")  # currency, region
+    return [(f"{names['capital']} capital", entity), (f"{entity} {fact}", answer)]
 
 
 class _LazyBatcher:
