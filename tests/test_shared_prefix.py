@@ -104,6 +104,16 @@ def test_an_update_with_a_shared_prefix_is_the_unshared_update(kl_coef):
         assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4, abs=1e-7), key
 
 
+def test_micro_batches_count_a_common_prefix_once():
+    lengths = [700, 720, 750]
+    assert micro_batches([0, 1, 2], lengths, 2048) == [[0, 1], [2]]  # 3 x 750 padded is over the budget
+    # with 600 tokens shared by every row: 600 + 3 x 150 fits
+    assert micro_batches([0, 1, 2], lengths, 2048, common_prefix=600) == [[0, 1, 2]]
+    assert micro_batches([0, 1, 2], lengths, 1000, common_prefix=600) == [[0, 1], [2]]  # 600 + 3 x 150 > 1000
+    # packed micro-batches compute every token: the prefix is not counted once
+    assert micro_batches([0, 1, 2], lengths, 2048, packed=True, common_prefix=600) == [[0, 1], [2]]
+
+
 def test_the_cold_starts_warm_up_shares_the_system_prompt_of_different_samples_exactly():
     from rlfactory_core.training.cold_start import example_batch, supervised_update
 
@@ -112,8 +122,9 @@ def test_the_cold_starts_warm_up_shares_the_system_prompt_of_different_samples_e
     trajectories = [trajectory(system + [50 + i, 51 + i, 52], i, [60 + i, 61, 62, 63 + i]) for i in range(3)]
     weights, stats = {}, {}
     for shared in (False, True):
+        # a budget of two rows' whole length: with the prompt shared, all three fit in one micro-batch
         config = load_config([], ["train.bf16=false", f"grpo.shared_prefix={shared}", "cold_start.epochs=1",
-                                  "cold_start.batch_size=3"])
+                                  "cold_start.batch_size=3", "grpo.micro_batch_tokens=64"])
         model = tiny_model()
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         stats[shared] = supervised_update(model, optimizer, example_batch(trajectories, 0), config)

@@ -197,10 +197,13 @@ def micro_image_inputs(micro: Any, device: Any, dtype: Any) -> dict[str, Any] | 
 
 
 def micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: bool = False,
-                  shared_prompts: Any = None) -> list[list[int]]:
+                  shared_prompts: Any = None, common_prefix: int = 0) -> list[list[int]]:
     """``rows`` grouped by length (so that little padding is computed), at most
     ``token_budget`` tokens each (at least one row): counted padded (rows x longest row)
-    or, ``packed``, as the sum of the rows' lengths.
+    or, ``packed``, as the sum of the rows' lengths. ``common_prefix``: tokens every row
+    starts with, computed once per padded micro-batch (``grpo.shared_prefix`` over rows of
+    different prompts that share a system prompt, as the cold start's examples do), so a
+    micro-batch costs them once plus every row's rest.
 
     ``shared_prompts``: the batch (``input_ids``, ``prompt_lengths``), to plan for a shared
     prompt (``grpo.shared_prefix``): rows with the same prompt (a GRPO group) go into
@@ -213,7 +216,8 @@ def micro_batches(rows: Sequence[int], lengths: Any, token_budget: int, packed: 
     current: list[int] = []
     for row in ordered:
         candidate = [int(lengths[r]) for r in current] + [int(lengths[row])]
-        tokens = sum(candidate) if packed else max(candidate) * len(candidate)
+        shared = 0 if packed else min(common_prefix, min(candidate) - 1)
+        tokens = sum(candidate) if packed else shared + (max(candidate) - shared) * len(candidate)
         if current and tokens > token_budget:
             batches.append(current)
             current = []

@@ -48,7 +48,7 @@ from typing import Any, Callable, Sequence
 from ..config import RunConfig
 from ..interfaces import member
 from .batch import micro_batches, rows_of, to_tensordict
-from .logprobs import token_logprobs
+from .logprobs import common_prefix_length, token_logprobs
 from .update import SINGLE_PROCESS, DataParallel, shares_prompts
 
 __all__ = ["ColdStartExamples", "cold_start_order", "rejection_examples", "demonstration_examples",
@@ -284,11 +284,12 @@ def supervised_update(model: Any, optimizer: Any, batch: Any, config: RunConfig,
                 continue
             optimizer.zero_grad(set_to_none=True)
             step_nll = 0.0
+            # rows of different samples still share the system prompt (instruction, tools, worked
+            # examples): planned as computed once per micro-batch, so more rows fit in one
+            prefix = common_prefix_length(batch["input_ids"][mini], batch["attention_mask"][mini]) if shared else 0
             for micro_rows, real in dp.rounds(micro_batches(mini, batch["lengths"], config.grpo.micro_batch_tokens,
-                                                            packed)):
+                                                            packed, common_prefix=prefix)):
                 micro = rows_of(batch, micro_rows).to(device)
-                # rows of different samples still share the system prompt (instruction, tools,
-                # worked examples): computed once per micro-batch
                 logprobs, _ = token_logprobs(model, micro, bf16=config.train.bf16, entropy=False, packed=packed,
                                              shared_prefix=shared)
                 nll = -(logprobs * micro["loss_mask"]).sum()
