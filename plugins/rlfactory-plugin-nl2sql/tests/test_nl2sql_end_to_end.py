@@ -23,12 +23,15 @@ def test_rlf_train_and_eval_nl2sql_end_to_end(built, tmp_path, tiny_model_dir):
     with open(log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "nl2sql",
                                 "--run-dir", str(run_dir), *common, "train.steps=2", "grpo.prompts_per_step=2",
-                                "grpo.group_size=2", "eval.every=2", "eval.save_samples=4"],
+                                "grpo.group_size=2", "eval.every=2", "eval.save_samples=4", "cold_start.examples=4"],
                                stdout=out, stderr=subprocess.STDOUT, timeout=1200, env=dict(os.environ))
     assert code == 0, log.read_text()[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2]
-    step = records[2]
+    assert [r["step"] for r in records] == [0, 0, 1, 2]  # the eval before training, the cold start's, steps
+    cold = records[1]  # the env's default recipe warms up on demonstrations first, then evaluates
+    assert cold["cold_start/examples/demonstrations"] == cold["cold_start/examples"] == 4
+    assert "cold_start/eval/reward/accuracy" in cold
+    step = records[3]
     for key in ("reward/sql_execution", "reward/sql_execution/execution_match", "reward/sql_execution/format",
                 "reward/sql_execution/no_answer", "reward/sql_execution/execution_error",
                 "reward/sql_execution/timeout", "reward/accuracy", "eval/reward/accuracy",
