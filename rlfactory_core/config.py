@@ -145,6 +145,9 @@ class ColdStartSection(_Section):
                "demonstrations: the env's demonstrations from the training split's gold answers (its tools really "
                "called, kept when the rewards call them correct); auto: rejection first, then demonstrations to "
                "fill up to cold_start.examples")
+    # YAML (files and key=value overrides alike) reads a bare `off` as false
+    _source_off = pydantic.field_validator("source", mode="before")(
+        lambda cls, value: "off" if value is False else value)
     examples: int = _field(64, "trajectories to train on (at most one per training sample)", ge=1)
     epochs: int = _field(2, "passes over the examples", ge=1)
     lr: float = _field(1e-5, "AdamW learning rate of the warm-up (its own optimizer, constant)", gt=0)

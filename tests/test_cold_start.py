@@ -76,6 +76,9 @@ def test_the_cold_start_is_off_by_default_and_its_bad_values_are_all_reported_on
     cold = load_config([], []).cold_start
     assert (cold.source, cold.examples, cold.epochs, cold.batch_size, cold.eval) == ("off", 64, 2, 8, True)
     assert load_config([], ["cold_start.source=auto"]).cold_start.source == "auto"
+    # YAML reads a bare `off` as false: on the command line and in a file alike it means off
+    assert load_config([], ["cold_start.source=demonstrations", "cold_start.source=off"]).cold_start.source == "off"
+    assert load_config([], [], base={"cold_start": {"source": False}}).cold_start.source == "off"
     with pytest.raises(ConfigError) as error:
         load_config([], ["cold_start.source=sometimes", "cold_start.epochs=0", "cold_start.lr=0",
                          "cold_start.max_rollouts=0", "cold_start.shots=3"])
