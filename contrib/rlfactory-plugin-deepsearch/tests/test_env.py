@@ -186,6 +186,8 @@ def test_the_gpu_config_file_is_a_valid_config(tmp_path):
     config = load_config([recipe])
     assert (config.env, config.grpo.group_size, config.env_options["retriever"]) == ("deepsearch", 5, "http")
     assert config.parser == "qwen3"  # Qwen3's own tool calls; the env writes its prompt with them
+    # Search-R1's algorithm, not the env's CPU recipe: no warm-up, every group trained on
+    assert config.cold_start.source == "off" and not config.grpo.dynamic_sampling
     assert set(config.env_options) >= {"train_file", "test_file", "url"}
 
     files = {split: write_search_r1_parquet_rows(tmp_path / f"{split}.parquet", split, [
@@ -297,11 +299,14 @@ def test_rlf_train_and_eval_deepsearch_end_to_end(built, tmp_path, tiny_model_di
     with open(log, "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "deepsearch",
                                 "--run-dir", str(run_dir), *common, "train.steps=1", "grpo.prompts_per_step=2",
-                                "grpo.group_size=2", "eval.save_samples=4"],
+                                "grpo.group_size=2", "eval.save_samples=4", "cold_start.examples=4"],
                                stdout=out, stderr=subprocess.STDOUT, timeout=900, env=dict(os.environ))
     assert code == 0, log.read_text()[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    step = records[1]
+    assert [r["step"] for r in records] == [0, 0, 1]  # the eval before training, the default cold start, step 1
+    assert records[1]["cold_start/examples/demonstrations"] == 4 and "cold_start/eval/reward/accuracy" in records[1]
+    step = records[2]
+    assert "batch/groups_sampled" in step  # the default recipe's dynamic sampling
     for key in ("reward/search_r1", "reward/search_r1/exact_match", "reward/search_r1/tool_call_format",
                 "eval/reward/exact_match", "eval/reward/accuracy", "tools/calls_per_trajectory"):
         assert key in step, key
