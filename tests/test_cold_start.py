@@ -144,6 +144,33 @@ def test_a_demonstration_is_replayed_token_exactly_with_its_tool_really_called_a
     assert int(batch["loss_mask"][0].sum()) < int(batch["attention_mask"][0].sum()) / 2  # prompt, result: 0
 
 
+def test_a_demonstration_that_raises_is_skipped_and_reported_and_the_others_are_kept(demos_env, tokenizer, caplog):
+    """One sample's failing demonstration (a plugin bug, a retriever server down) costs that
+    sample, not the run."""
+    config = config_of()
+    task = build_task(config)
+    samples = task.env.dataset(size=3, split="train")
+    demonstrate = task.env.demonstration
+
+    async def flaky(sample, parser):
+        if sample is samples[1]:
+            raise ConnectionError("the retriever at http://127.0.0.1:9/retrieve refused the connection")
+        return await demonstrate(sample, parser)
+
+    task.env.demonstration = flaky
+
+    async def run():
+        try:
+            return await demonstration_examples(task, ChatTemplate(tokenizer), samples, config, want=10)
+        finally:
+            await task.close()
+
+    kept, rows, tried, failed = asyncio.run(run())
+    assert (rows, tried, failed) == ([0, 2], 3, 1)
+    assert "env.demonstration raised for 1 sample(s), which were skipped; the first: sample 1: ConnectionError: " \
+           "the retriever at http://127.0.0.1:9/retrieve refused the connection" in caplog.text
+
+
 # --------------------------------------------------------------------------- rejection sampling
 
 

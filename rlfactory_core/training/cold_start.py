@@ -38,6 +38,7 @@ checkpoint holds the warmed-up policy.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -47,12 +48,15 @@ from typing import Any, Callable, Sequence
 
 from ..config import RunConfig
 from ..interfaces import member
+from ..errors import one_line
 from .batch import micro_batches, rows_of, to_tensordict
 from .logprobs import common_prefix_length, token_logprobs
 from .update import SINGLE_PROCESS, DataParallel, shares_prompts
 
 __all__ = ["ColdStartExamples", "cold_start_order", "rejection_examples", "demonstration_examples",
            "collect_examples", "example_batch", "warm_up_optimizer", "supervised_update", "ReplayBackend"]
+
+log = logging.getLogger(__name__)
 
 _DEMONSTRATIONS_AT_ONCE = 16  # replays in flight together (their tools run concurrently)
 
@@ -158,6 +162,10 @@ class ReplayBackend:
         return Generation(ids, [0.0] * len(ids), "stop")
 
 
+#: What :func:`demonstration_examples` records for a sample whose ``env.demonstration`` raised.
+_FAILED = object()
+
+
 async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], config: RunConfig,
                                  want: int) -> tuple[list[Any], list[int], int, int]:
     """Up to ``want`` demonstrations of ``samples`` (in order), each replayed through the
@@ -173,9 +181,14 @@ async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], c
     kept: list[Any] = []
     rows: list[int] = []
     tried = failed = 0
+    errors: list[str] = []
 
     async def replay(row: int) -> Any:
-        turns = await demonstrate(samples[row], task.parser)
+        try:
+            turns = await demonstrate(samples[row], task.parser)
+        except Exception as exc:  # noqa: BLE001 - one sample's failure (a plugin bug, a retriever down) is skipped
+            errors.append(f"sample {row}: {one_line(exc)}")
+            return _FAILED
         if not turns:
             return None
         trajectory = await run_trajectory(samples[row], env=task.env, parser=task.parser,
@@ -188,9 +201,11 @@ async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], c
     while len(kept) < want and position < len(samples):
         chunk = list(range(position, min(len(samples), position + _DEMONSTRATIONS_AT_ONCE)))
         position = chunk[-1] + 1
-        replayed = [(row, t) for row, t in zip(chunk, await asyncio.gather(*(replay(r) for r in chunk)))
-                    if t is not None]
-        tried += len(replayed)
+        results = list(zip(chunk, await asyncio.gather(*(replay(r) for r in chunk))))
+        broken = sum(1 for _, t in results if t is _FAILED)
+        replayed = [(row, t) for row, t in results if t is not None and t is not _FAILED]
+        tried += len(replayed) + broken
+        failed += broken
         if not replayed:
             continue
         scored = await task.rewards.score([t for _, t in replayed], [samples[row] for row, _ in replayed])
@@ -200,6 +215,9 @@ async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], c
                 rows.append(row)
             elif correct is not True:
                 failed += 1
+    if errors:
+        log.warning("cold start: env.demonstration raised for %d sample(s), which were skipped; the first: %s",
+                    len(errors), errors[0])
     return kept, rows, tried, failed
 
 
