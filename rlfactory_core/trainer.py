@@ -95,7 +95,7 @@ from .engines import build_driver_task, make_engine, rollout_config_for
 from .errors import ConfigError, Interrupted, RLFactoryError
 from .evaluation import eval_summary, run_eval, tool_metrics
 from .logs import LOG_FILE, log_to
-from .metrics import LiveView, MetricsLogger
+from .metrics import LiveView, MetricsLogger, read_metrics
 from .models import check_images, load_tokenizer, resolve_model
 from .plugins import notify
 from .preflight import raise_problems, run_problems
@@ -180,16 +180,22 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                            wandb_project=config.logging.wandb_project, wandb_entity=config.logging.wandb_entity,
                            run_name=run_dir.name, config=config.model_dump(mode="json"),
                            resume_step=start_step if checkpoint else None)
+    if resumed is not None and start_step > 0 and resumed.get("metrics") and not any(
+            record.get("step") == start_step for record in read_metrics(run_dir)):
+        logger.log(start_step, resumed["metrics"])  # killed between its checkpoint and its metrics line
     view = LiveView(config.train.steps, start_step=start_step, console=console,
                     enabled={"auto": None, "on": True, "off": False}[config.logging.live])
     step = finished_step = last_saved = start_step
     rng_before_step, last_metrics = None, {}
     notify("rlfactory_on_train_start", config=config)
 
-    async def save(at_step: int) -> None:
+    async def save(at_step: int, record: dict[str, Any] | None = None) -> None:
         nonlocal last_saved
+        # The step's metrics go into its checkpoint too: a kill between the checkpoint and the
+        # metrics line would otherwise lose them (the resumed run appends them, see below).
+        saved_state = dict(state) if record is None else {**state, "metrics": record}
         # A vision-language model's processor saves its tokenizer and its image processor.
-        cancelled = await _to_completion(engine.save(run_dir, at_step, state=dict(state),
+        cancelled = await _to_completion(engine.save(run_dir, at_step, state=saved_state,
                                                      tokenizer=processor or tokenizer))
         last_saved = at_step
         if cancelled:  # a second Ctrl-C arrived while it was written: stop now, without more saving
@@ -268,14 +274,14 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                         metrics.update(await evaluate(step))
                         times["time/eval"] = time.perf_counter() - t
                         view.message(f"eval at step {step}: {eval_summary(metrics)}")
+                metrics["samples"] = [str(s.get("id", "")) if hasattr(s, "get") else "" for s in samples]
                 if step % config.checkpoint.every == 0 or step == config.train.steps or stop.requested:
                     view.phase("checkpoint")
                     t = time.perf_counter()
-                    await save(step)
+                    await save(step, {**metrics, **times, "time/step": time.perf_counter() - started})
                     times["time/checkpoint"] = time.perf_counter() - t
                 times["time/step"] = time.perf_counter() - started
                 metrics.update(times)
-                metrics["samples"] = [str(s.get("id", "")) if hasattr(s, "get") else "" for s in samples]
                 logger.log(step, metrics)
                 view.update(step, metrics)
                 finished_step = step

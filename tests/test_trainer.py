@@ -388,6 +388,26 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(tmp_path, tiny_model_dir)
     assert latest_checkpoint(run_dir).name == f"step-{steps:06d}"
 
 
+def test_a_run_killed_between_its_checkpoint_and_its_metrics_line_keeps_that_steps_metrics(tmp_path,
+                                                                                           tiny_model_dir):
+    """The checkpoint carries its step's metrics: a kill after the checkpoint was written and
+    before the metrics line (the race the killed-run test above can land in) loses nothing."""
+    run_dir = tmp_path / "run"
+    overrides = ["env=arithmetic", *SMALL_RUN, f"model.name={tiny_model_dir}", "eval.every=0",
+                 "logging.tensorboard=false", f"run_dir={run_dir}"]
+    train(load_config([], [*overrides, "train.steps=2"]))
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lost = json.loads(lines[-1])
+    assert lost["step"] == 2
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines[:-1]))  # as if killed there
+    train(load_config([], [*overrides, "train.steps=3"]), resume=run_dir)
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    restored = records[2]
+    assert restored["samples"] == lost["samples"] and restored["reward/mean"] == lost["reward/mean"]
+    assert "time/checkpoint" not in restored  # measured after the checkpoint was written: not in it
+
+
 def test_cli_reports_config_errors_all_at_once(rlf):
     code, out, err = rlf("train", "--env", "arithmetic", "train.lr=-1", "grpo.group_size=1", "bogus.key=3")
     assert code == 1
