@@ -82,6 +82,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import os
 import random
 import signal
@@ -350,6 +351,12 @@ async def _cold_start(engine: Any, task: Any, config: RunConfig, train_samples: 
         view.warn(f"cold start ({config.cold_start.source}): no successful trajectory or demonstration was found; "
                   "training starts from the base model")
         return metrics
+    # the warm-up reports nothing until it ends, minutes later on a CPU: say what it is doing
+    cold = config.cold_start
+    steps = math.ceil(len(examples.trajectories) / cold.batch_size)
+    view.message(f"cold start: {len(examples.trajectories)} examples ({metrics['cold_start/tokens']:.0f} tokens) "
+                 f"collected in {metrics['time/cold_start_collect']:.0f} s; training "
+                 f"{cold.epochs} x {steps} optimizer steps (passes x steps per pass)")
     t = time.perf_counter()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     metrics.update(await engine.supervised_update(example_batch(examples.trajectories, pad_id)))

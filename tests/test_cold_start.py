@@ -302,7 +302,7 @@ def test_the_warm_up_lowers_the_loss_on_its_demonstrations_and_trains_assistant_
 
 @pytest.mark.slow
 def test_a_run_warms_up_on_demonstrations_evaluates_the_warm_up_alone_then_trains(demos_env, tmp_path,
-                                                                                  tiny_model_dir):
+                                                                                  tiny_model_dir, capsys):
     run_dir = tmp_path / "run"
     config = config_of("backend=hf", f"model.name={tiny_model_dir}", f"run_dir={run_dir}", "train.steps=1",
                        "grpo.prompts_per_step=2", "grpo.group_size=2", "data.eval_size=2", "eval.every=0",
@@ -320,6 +320,11 @@ def test_a_run_warms_up_on_demonstrations_evaluates_the_warm_up_alone_then_train
         assert key in cold, key
     assert (run_dir / "samples" / "cold_start" / "step-000000.jsonl").exists()
     assert "train/loss" in records[2]
+    # said before the warm-up starts (minutes on a CPU), then its result
+    out = capsys.readouterr().out
+    announced = (f"cold start: 3 examples ({cold['cold_start/tokens']:.0f} tokens) collected in "
+                 f"{cold['time/cold_start_collect']:.0f} s; training 1 x 1 optimizer steps")
+    assert announced in out and out.index(announced) < out.index("cold start: 3 examples (0 own, 3 demonstrations)")
 
 
 @pytest.mark.slow
