@@ -100,23 +100,29 @@ async def test_an_episode_continues_on_tool_calls_and_ends_with_the_tagged_answe
 
 class ServerKillingScript:
     """The script of a ScriptedBackend, a stand-in for a model that has learned to call the
-    tool: first an ``add`` call, then the answer. Trajectory i makes its call after i x 50
-    ms, and the MCP server is killed once ``kill_after`` results have come back: mid-run,
-    with the other calls still to come."""
+    tool: first an ``add`` call, then the answer. The MCP server is killed once ``kill_after``
+    results have come back, and every later call waits for that kill, so the rest of the
+    calls reach a dead server whatever the machine's speed (a schedule of sleeps let all of
+    them finish before the kill on a loaded machine)."""
 
     def __init__(self, kill_after: int):
-        self.kill_after, self.results_seen = kill_after, 0
+        self.kill_after, self.calls_made, self.results_seen = kill_after, 0, 0
         self.killed = None
+        self.kill_done = asyncio.Event()
 
     async def __call__(self, text):
         number = int(text.rsplit("What is ", 1)[1].split(" ", 1)[0])
         if "<tool_response>" not in text.rsplit("What is ", 1)[1]:
-            await asyncio.sleep(0.05 * number)
+            self.calls_made += 1
+            if self.calls_made > self.kill_after:
+                await self.kill_done.wait()
             return '<tool_call>\n{"name": "add", "arguments": {"a": %d, "b": %d}}\n</tool_call>' % (number, number)
         self.results_seen += 1
         if self.results_seen == self.kill_after:
             [self.killed] = server_processes_named("toolbox.py")
             self.killed.kill()
+            self.killed.wait(timeout=30)
+            self.kill_done.set()
         result = text.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
         return f"<answer>{result}</answer>"
 
