@@ -48,7 +48,7 @@ from .types import (
     ToolResult,
     Trajectory,
 )
-from .version import PLUGIN_API_VERSION, __version__
+from .version import PLUGIN_API_VERSION, VERSION
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
     from .data import read_jsonl_samples
@@ -78,6 +78,8 @@ _LAZY = {
     "SamplingParams": "rlfactory_core.rollout",
     "make_backend": "rlfactory_core.rollout",
 }
+
+__version__ = VERSION
 
 __all__ = [
     # versions

@@ -45,7 +45,7 @@ from . import hookspecs
 from .errors import DuplicateComponentError, PluginError, RegistrationError, UnknownComponentError
 from .interfaces import COMPONENT_KINDS, check_component
 from .tools import function_tool
-from .version import __version__, api_version_problem
+from .version import VERSION, api_version_problem
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -243,7 +243,7 @@ def _forget_registries() -> None:
 def _load_default_plugins(pm: pluggy.PluginManager) -> None:
     for plugin_name, module_name in DEFAULT_PLUGINS.items():
         module = importlib.import_module(module_name)
-        info = PluginInfo(name=plugin_name, distribution="rlfactory", version=__version__, builtin=True)
+        info = PluginInfo(name=plugin_name, distribution="rlfactory", version=VERSION, builtin=True)
         _state.infos[plugin_name] = info
         _register(pm, module, info)
 

@@ -24,12 +24,14 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-__all__ = ["__version__", "PLUGIN_API_VERSION", "API_ATTRIBUTE", "api_version_problem"]
+__all__ = ["VERSION", "__version__", "PLUGIN_API_VERSION", "API_ATTRIBUTE", "api_version_problem"]
 
 try:
-    __version__ = version("rlfactory")
+    VERSION = version("rlfactory")
 except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+unknown"
+    VERSION = "0.0.0+unknown"
+#: the package's ``__version__`` (``rlfactory_core.__version__``); core modules import ``VERSION``
+__version__ = VERSION
 
 #: the version of the plugin API this rlfactory provides (see the module docstring)
 PLUGIN_API_VERSION = "1.0"
@@ -57,7 +59,7 @@ def api_version_problem(plugin: Any) -> str | None:
         return None
     fix = ("upgrade rlfactory to a release with that plugin API" if _asks_newer(spec, running)
            else "upgrade the plugin to a release that supports it (or install an rlfactory it supports)")
-    return (f"needs plugin API {declared!r} but rlfactory {__version__} provides plugin API {PLUGIN_API_VERSION}: "
+    return (f"needs plugin API {declared!r} but rlfactory {VERSION} provides plugin API {PLUGIN_API_VERSION}: "
             f"{fix}")
 
 

@@ -279,7 +279,7 @@ def _save_model(config: dict[str, Any], state_dict: dict[str, Any], generation_c
 def _write_manifest(name: str, dest: Path, source: Path, version: str) -> None:
     spec = EMBEDDED_MODELS[name]
     files = {p.name: p.stat().st_size for p in sorted(dest.iterdir()) if p.is_file()}
-    from ..version import __version__
+    from ..version import VERSION
 
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -293,7 +293,7 @@ def _write_manifest(name: str, dest: Path, source: Path, version: str) -> None:
             "size": source.stat().st_size,
             "sha256": _sha256(source),
         },
-        "converted_by": f"rlfactory {__version__}",
+        "converted_by": f"rlfactory {VERSION}",
         "files": files,
     }
     (dest / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
