@@ -29,7 +29,7 @@ _CALL = re.compile(r"<tool_call>")
 def test_every_registered_parser_meets_the_bar(plugin_manager):
     parsers = {name: component.obj for name, component in plugins.components("parser").items()}
     # The shipped parsers must be among them, or this test would pass by checking nothing.
-    assert {"qwen3", "search_r1"} <= set(parsers)
+    assert {"qwen3", "search_r1", "pythonic"} <= set(parsers)
     failures = []
     for name, parser in sorted(parsers.items()):
         try:

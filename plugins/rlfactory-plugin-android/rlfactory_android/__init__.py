@@ -8,7 +8,10 @@ Installing this distribution (``make install`` does by default) registers:
   simulated phone (:mod:`rlfactory_android.simulated`, the default) or on real devices and
   emulators through adb (:mod:`rlfactory_android.adb`): ``rlf train --env android``;
 * the reward ``android_task`` (:mod:`rlfactory_android.reward`): 1 when the task's success
-  check on the device state passed.
+  check on the device state passed;
+* the parser ``pythonic`` (:mod:`rlfactory_android.parser`): tool calls written as Python
+  calls on their own lines (``tap(element=3)``), the tools shown as signatures; the android
+  env's default, and usable by any env.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from rlfactory_core import hookimpl
 
 from .device import Check, Device, DeviceError, StartState
 from .env import AndroidEnv, evaluate_check
+from .parser import PythonicParser
 from .reward import AndroidTaskReward
 from .simulated import SimulatedPhone
 from .tasks import Task, load_tasks
@@ -28,6 +32,7 @@ rlfactory_api = ">=1.0,<2"
 __all__ = [
     "AndroidEnv",
     "AndroidTaskReward",
+    "PythonicParser",
     "Device",
     "DeviceError",
     "StartState",
@@ -42,6 +47,7 @@ __all__ = [
     "evaluate_check",
     "rlfactory_register_envs",
     "rlfactory_register_rewards",
+    "rlfactory_register_parsers",
 ]
 
 
@@ -53,3 +59,8 @@ def rlfactory_register_envs(register):
 @hookimpl
 def rlfactory_register_rewards(register):
     register(AndroidTaskReward)
+
+
+@hookimpl
+def rlfactory_register_parsers(register):
+    register(PythonicParser())
