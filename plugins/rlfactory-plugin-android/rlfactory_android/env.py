@@ -62,7 +62,8 @@ INSTRUCTION = (
 BACKENDS = ("simulated", "adb")
 #: The apps of the ``adb`` backend unless ``apps`` says otherwise: AOSP's Settings and Contacts.
 ADB_APPS = {"Settings": "com.android.settings", "Contacts": "com.android.contacts"}
-OPTIONS = ("backend", "splits", "devices", "adb_path", "device_timeout_s", "apps", "few_shot", "parser", "screenshot")
+OPTIONS = ("backend", "splits", "devices", "adb_path", "device_timeout_s", "apps", "few_shot", "parser", "screenshot",
+           "coordinates")
 _SWIPE = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
 
 
@@ -165,7 +166,7 @@ class _PhoneTool:
                 state["screen"] = screen = await run_in_tool_thread(self._env.read_screen, device)
             except DeviceError as exc:
                 return ToolResult(name=self.name, content=f"Error: {exc}", error="device_error")
-        return ToolResult(name=self.name, content=f"{done}\n{render_screen(screen)}")
+        return ToolResult(name=self.name, content=f"{done}\n{self._env.render(screen)}")
 
     def _plan(self, arguments: dict[str, Any], screen: Screen, state: dict[str, Any]) -> Any:
         return arguments
@@ -346,6 +347,8 @@ class AndroidEnv:
     :param few_shot: show worked examples (tasks done on simulated phones, their tool calls
         written by the run's parser) before the task; default on for the simulated backend only.
     :param parser: the parser that writes the example's tool calls (the run's; set by the trainer).
+    :param coordinates: show the screen's size and each element's centre point (default); off,
+        the screen text is a third shorter and elements are acted on by number only.
     :param screenshot: also show the model a screenshot (PNG) of the screen with the task
         and after every turn with actions, as an image part of a message (vision-language
         models; the trainer refuses a text-only model).
@@ -370,7 +373,7 @@ class AndroidEnv:
     def __init__(self, backend: str = "simulated", splits: dict[str, str | None] | None = None,
                  devices: int | list[str] | None = None, adb_path: str = "adb", device_timeout_s: float = 15.0,
                  apps: dict[str, str] | None = None, few_shot: bool | None = None, parser: str = "qwen3",
-                 screenshot: bool = False, **unknown: Any):
+                 screenshot: bool = False, coordinates: bool = True, **unknown: Any):
         problems = [f"env_options.{key}: unknown option (options: {', '.join(OPTIONS)})" for key in unknown]
         if backend not in BACKENDS:
             problems.append(f"env_options.backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -400,6 +403,9 @@ class AndroidEnv:
         self.few_shot = (backend == "simulated") if few_shot is None else bool(few_shot)
         if not isinstance(screenshot, bool):
             problems.append(f"env_options.screenshot: must be true or false, got {screenshot!r}")
+        if not isinstance(coordinates, bool):
+            problems.append(f"env_options.coordinates: must be true or false, got {coordinates!r}")
+        self.coordinates = coordinates is not False
         #: the trainer checks the model takes images when this is set (rlfactory_core.interfaces.Env)
         self.shows_images = screenshot is True
         self.split_files = self._split_files(splits, problems)
@@ -482,6 +488,10 @@ class AndroidEnv:
     def read_screen(self, device: Device) -> Screen:
         return parse_ui(device.dump_ui(), device.screen_size)
 
+    def render(self, screen: Screen) -> str:
+        """``screen`` as the model sees it (with or without ``coordinates``)."""
+        return render_screen(screen, coordinates=self.coordinates)
+
     # ------------------------------------------------------------------ episodes
 
     def _example_messages(self) -> list[Message]:
@@ -496,7 +506,7 @@ class AndroidEnv:
             messages: list[Message] = []
 
             def user(phone: SimulatedPhone, goal: str) -> None:
-                messages.append(Message(role="user", content=f"Task: {goal}\n\n{render_screen(self.read_screen(phone))}"))
+                messages.append(Message(role="user", content=f"Task: {goal}\n\n{self.render(self.read_screen(phone))}"))
 
             def call(name: str, arguments: dict[str, Any]) -> ToolCall:
                 tool_call = ToolCall(name=name, arguments=arguments, id=f"example-{len(messages)}")
@@ -504,7 +514,7 @@ class AndroidEnv:
                 return tool_call
 
             def result(phone: SimulatedPhone, tool_call: ToolCall, done: str) -> None:
-                content = f"{done}\n{render_screen(self.read_screen(phone))}"
+                content = f"{done}\n{self.render(self.read_screen(phone))}"
                 messages.extend(self.parser.render_tool_results([ToolResult(name=tool_call.name, content=content,
                                                                             call_id=tool_call.id)]))
 
@@ -557,7 +567,7 @@ class AndroidEnv:
         messages = [Message(role="system", content=INSTRUCTION)]
         if self.few_shot:
             messages += self._example_messages()
-        goal = f"Task: {task.goal}\n\n{render_screen(screen)}"
+        goal = f"Task: {task.goal}\n\n{self.render(screen)}"
         if self.shows_images:
             try:
                 shown = await self._screenshot_message(device, goal)

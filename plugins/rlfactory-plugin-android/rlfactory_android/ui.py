@@ -215,10 +215,12 @@ def _quoted(text: str) -> str:
     return '"' + text.replace('"', "'") + '"'
 
 
-def render_screen(screen: Screen) -> str:
-    """The compact text of ``screen`` (see the module docstring)."""
+def render_screen(screen: Screen, coordinates: bool = True) -> str:
+    """The compact text of ``screen`` (see the module docstring); without ``coordinates``,
+    neither the screen's size nor the elements' centre points (a third fewer tokens; the
+    elements are then acted on by number only)."""
     width, height = screen.size
-    lines = [f"Screen: {screen.package or 'unknown'} ({width}x{height})"]
+    lines = [f"Screen: {screen.package or 'unknown'}" + (f" ({width}x{height})" if coordinates else "")]
     for e in screen.elements:
         parts = [f"[{e.number}]", e.short_class]
         if e.password:
@@ -237,7 +239,7 @@ def render_screen(screen: Screen) -> str:
                                         ("editable", e.editable), ("scrollable", e.scrollable),
                                         ("focused", e.focused), ("selected", e.selected),
                                         ("disabled", not e.enabled)) if on]
-        if e.interactive:
+        if e.interactive and coordinates:
             parts.append("at ({},{})".format(*e.center))
         lines.append(" ".join(parts))
     if not screen.elements:

@@ -43,6 +43,24 @@ def test_the_dump_is_uiautomator_xml_and_the_screen_lists_what_can_be_acted_on()
     assert text.splitlines()[0] == "Screen: com.android.launcher3 (1080x2400)"
     assert '[2] TextView "Settings" id=icon clickable long-clickable at (210,2025)' in text
     assert '[6] ImageView desc="Home" id=home clickable at (540,2337)' in text
+    # without coordinates: the same elements and flags, no size and no points
+    short = render_screen(screen_of(phone), coordinates=False)
+    assert short.splitlines()[0] == "Screen: com.android.launcher3"
+    assert short.splitlines()[1:] == [line.split(" at (")[0] for line in text.splitlines()[1:]]
+
+
+async def test_without_coordinates_every_screen_the_model_sees_leaves_out_the_points():
+    env = AndroidEnv(few_shot=False, coordinates=False)
+    reset = await env.reset(env.dataset(None, "train")[0])
+    try:
+        assert "Screen: com.android.settings\n" in reset.messages[-1].content
+        tap = next(tool for tool in reset.tools if tool.name == "tap")
+        result = await tap.call({"element": 3}, {"state": reset.state})
+        assert result.ok and "Screen: com.android.settings\n" in result.content and " at (" not in result.content
+    finally:
+        await env.close(reset.state)
+    example = AndroidEnv(coordinates=False)._example_messages()
+    assert not any(" at (" in str(m.content) for m in example)
 
 
 def test_settings_rows_toggle_their_setting_and_show_its_state():
@@ -360,16 +378,18 @@ def test_the_reward_counts_an_unreadable_check_and_skips_other_episodes():
 # --------------------------------------------------------------------------- whole episodes
 
 
-def scripted_moves(moves):
+def scripted_moves(parser, moves):
     """A stand-in policy for the rollout engine (the reply of a ScriptedBackend): per goal,
-    its moves, each a tool call written in Qwen3's format or a final answer. It reads the
+    its moves, each a tool call written in ``parser``'s format or a final answer. It reads the
     screen it was last shown: a call's ``"element": "Wi-Fi"`` becomes that element's number
     on it."""
 
     def reply(prompt):
         episode = prompt.rsplit("Task: ", 1)[1]  # after the worked examples
         goal = episode.split("\n", 1)[0]
-        move = moves[goal][episode.count("<tool_response>")]
+        # the turns the model took in this episode: the role lines of the template (its markup
+        # tokens are left out of the text), less the one of the turn to write
+        move = moves[goal][len(re.findall(r"^assistant$", episode, re.M)) - 1]
         if isinstance(move, str):
             return move
         name, arguments = move
@@ -377,7 +397,7 @@ def scripted_moves(moves):
             screen = episode.rsplit("Screen: ", 1)[1]
             number = re.search(r'^\[(\d+)\] \S+ "%s"' % re.escape(arguments["element"]), screen, re.M).group(1)
             arguments = {**arguments, "element": int(number)}
-        return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+        return parser.format_tool_call(ToolCall(name=name, arguments=arguments))
 
     return reply
 
@@ -400,7 +420,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     samples = [samples["train-setting-wifi_on-off"], samples["train-setting-zen_mode-off"]]
     assert [s["goal"] for s in samples] == ["Turn off Wi-Fi.", "Turn off Do not disturb."]
     chat = ChatTemplate(load_tokenizer(prepare_model(DEFAULT_MODEL)))
-    model = ScriptedBackend(chat.tokenizer, scripted_moves({
+    model = ScriptedBackend(chat.tokenizer, scripted_moves(built.parser, {
         "Turn off Wi-Fi.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
         "Turn off Do not disturb.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
     }), end_token_id=chat.turn_end_id)
@@ -498,10 +518,12 @@ def test_bad_options_and_task_files_are_reported_all_at_once(tmp_path):
                    '{"goal": "y", "check": {"kind": "teleport"}}\n'
                    '{"goal": "z", "start": {"app": "Mail"}, "check": {"kind": "contact_absent", "name": "A"}}\n')
     with pytest.raises(ConfigError) as info:
-        AndroidEnv(backend="ios", devices=0, colour="blue", splits={"test": str(tmp_path / "missing.jsonl")})
+        AndroidEnv(backend="ios", devices=0, colour="blue", splits={"test": str(tmp_path / "missing.jsonl")},
+                   coordinates="no")
     text = str(info.value)
     for part in ("env_options.colour: unknown option", "env_options.backend: must be one of simulated, adb",
-                 "env_options.devices", "env_options.splits.test: no task file"):
+                 "env_options.devices", "env_options.splits.test: no task file",
+                 "env_options.coordinates: must be true or false, got 'no'"):
         assert part in text, part
     env = AndroidEnv(splits={"test": str(bad)})
     with pytest.raises(ConfigError) as info:
