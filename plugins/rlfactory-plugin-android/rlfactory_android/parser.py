@@ -42,7 +42,7 @@ MAX_CALL_CHARS = 4000
 #: The deepest bracket nesting a call's line may have.
 MAX_CALL_DEPTH = 32
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
-_CALL_START = re.compile(r"\[?\s*[A-Za-z_][A-Za-z0-9_.]*\(")
+_CALL_START = re.compile(r"\[?\s*[A-Za-z_][A-Za-z0-9_]*\(")
 _FORMAT_HINT = 'write name(argument=value), e.g. tap(element=3), on a line of its own'
 _SNIPPET_CHARS = 120
 _JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list",
@@ -140,15 +140,17 @@ def _json_value(node: ast.AST, where: str) -> Any:
 
 
 def _read_call(node: ast.AST) -> ToolCall:
-    if not isinstance(node, ast.Call) or not isinstance(node.func, (ast.Name, ast.Attribute)):
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise _NotACall(f"this is not a tool call; {_FORMAT_HINT}")
-    name = ast.unparse(node.func)
+    name = node.func.id
     if node.args:
         raise _NotACall(f"{name}: name every argument, e.g. {name}(element=3), not by position")
     arguments: dict[str, Any] = {}
     for keyword in node.keywords:
         if keyword.arg is None:
             raise _NotACall(f"{name}: write each argument as name=value (no **)")
+        if keyword.arg in arguments:
+            raise _NotACall(f"{name}: the argument {keyword.arg} is given twice")
         arguments[keyword.arg] = _json_value(keyword.value, f"{name}({keyword.arg}=...)")
     return ToolCall(name=name, arguments=arguments)
 

@@ -25,7 +25,7 @@ def test_a_call_is_a_line_that_holds_only_a_call_and_the_rest_is_text():
     assert turn.content == "I will open it.\nDone." and not turn.errors and turn.reasoning is None
     assert calls("Done.") == [] and parser.parse("Done.").content == "Done."
     # a call inside a sentence is text; Llama's list of calls is calls
-    assert calls("then tap(element=4) it") == []
+    assert calls("then tap(element=4) it") == [] and calls("a." * 1900 + "f(x=1)") == []
     assert calls('[tap(element=4), press_key(key="back")]') == [("tap", {"element": 4}), ("press_key", {"key": "back"})]
     # reasoning is not read for calls
     turn = parser.parse("<think>tap(element=1)</think>\ntap(element=2)")
@@ -47,9 +47,13 @@ def test_values_are_literals_kept_as_json():
     ("f(a={1: 2})", "dict keys must be strings"),
     ("f(a={1, 2})", "the value must be a literal"),
     ("f(**{'a': 1})", "write each argument as name=value"),
+    ("tap(element=1, element=2)", "tap: the argument element is given twice"),
     ("f(a=b'x')", "the value must be a literal"),
     ("f(a=g(1))", "the value must be a literal"),
     ("tap(element=3) + 1", "this is not a tool call"),
+    ("[tap(element=3), a.b.c(x=1)]", "this is not a tool call"),  # a tool's name is a plain name
+    ("f(a=" + "-" * 3000 + "1)", "the call is not well-formed"),  # the compiler's own nesting limit
+    ("f(a=" + "1+" * 1500 + "1)", "the value must be a literal"),
     ("f(a=" + "[" * (MAX_CALL_DEPTH + 1) + "]" * (MAX_CALL_DEPTH + 1) + ")", "nests brackets more than"),
     ("f(a=\"" + "y" * MAX_CALL_CHARS + "\")", "longer than"),
 ])
