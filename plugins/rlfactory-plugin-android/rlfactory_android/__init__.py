@@ -10,8 +10,8 @@ Installing this distribution (``make install`` does by default) registers:
 * the reward ``android_task`` (:mod:`rlfactory_android.reward`): 1 when the task's success
   check on the device state passed;
 * the parser ``pythonic`` (:mod:`rlfactory_android.parser`): tool calls written as Python
-  calls on their own lines (``tap(element=3)``), the tools shown as signatures; the android
-  env's default, and usable by any env.
+  calls on their own lines (``tap(element=3)``), the tools shown as signatures, for the
+  android env (``parser=pythonic``; its default is still ``qwen3``) or any other.
 """
 
 from __future__ import annotations
