@@ -11,7 +11,7 @@ Installing this distribution (``make install`` does by default) registers:
   check on the device state passed;
 * the parser ``pythonic`` (:mod:`rlfactory_android.parser`): tool calls written as Python
   calls on their own lines (``tap(element=3)``), the tools shown as signatures, for the
-  android env (``parser=pythonic``; its default is still ``qwen3``) or any other.
+  android env (its default since issue 21) or any other (``parser=pythonic``).
 """
 
 from __future__ import annotations

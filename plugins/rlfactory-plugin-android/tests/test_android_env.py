@@ -404,8 +404,8 @@ def scripted_moves(parser, moves):
 
 async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     """Two built-in tasks through the rollout engine as `rlf train --env android` builds it (the
-    env's defaults: the qwen3 parser, the worked examples, the tool manager, the reward layer
-    of `android_task`; the embedded model's chat template) with a scripted model: open
+    env's defaults: the pythonic parser, no worked examples, screens without coordinates, the
+    tool manager, the reward layer of `android_task`; the embedded model's chat template) with a scripted model: open
     Settings, tap a row by its number on the screen, answer "Done.". The right row passes the
     task's check and scores 1; the wrong row scores 0."""
     from rlfactory_core import ChatTemplate, load_tokenizer
@@ -415,7 +415,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     config = load_config([], [], flags={"env": "android"})
     built = build_task(config)
     env = built.env
-    assert env.few_shot and built.parser.name == "qwen3"
+    assert not env.few_shot and not env.coordinates and built.parser.name == "pythonic"
     samples = {s["id"]: s for s in env.dataset(None, "train")}
     samples = [samples["train-setting-wifi_on-off"], samples["train-setting-zen_mode-off"]]
     assert [s["goal"] for s in samples] == ["Turn off Wi-Fi.", "Turn off Do not disturb."]
@@ -541,7 +541,7 @@ def test_registered_through_the_plugin_manager_with_a_worked_example_in_the_runs
 
     assert get_component("env", "android") is AndroidEnv
     assert get_component("reward", "android_task") is AndroidTaskReward
-    built = build_task(load_config([], [], flags={"env": "android"}))
+    built = build_task(load_config([], ["parser=qwen3", "env_options={few_shot: true}"], flags={"env": "android"}))
     assert isinstance(built.env, AndroidEnv) and built.parser.name == "qwen3"
     example = built.env._example_messages()
     assert '<tool_call>\n{"name": "open_app", "arguments": {"app": "Settings"}}\n</tool_call>' in example[1].content
