@@ -89,32 +89,32 @@ class _PhoneTool:
         return x, y, f"({x},{y})"
 
 
-class TapTool(_PhoneTool):
+class _PointTool(_PhoneTool):
+    """A one-point gesture (``gesture``, a :class:`Device` method) at an element's center or (x, y)."""
+
+    properties = _target_schema()
+    gesture = ""
+    done = ""
+
+    def _plan(self, arguments, screen, state):
+        return self._point(arguments, screen)
+
+    def _act(self, device, action):
+        x, y, what = action
+        getattr(device, self.gesture)(x, y)
+        return f"{self.done} {what}."
+
+
+class TapTool(_PointTool):
     name = "tap"
     description = "Tap an element of the screen (by its number) or a point (x, y)."
-    properties = _target_schema()
-
-    def _plan(self, arguments, screen, state):
-        return self._point(arguments, screen)
-
-    def _act(self, device, action):
-        x, y, what = action
-        device.tap(x, y)
-        return f"Tapped {what}."
+    gesture, done = "tap", "Tapped"
 
 
-class LongPressTool(_PhoneTool):
+class LongPressTool(_PointTool):
     name = "long_press"
     description = "Press and hold an element of the screen (by its number) or a point (x, y)."
-    properties = _target_schema()
-
-    def _plan(self, arguments, screen, state):
-        return self._point(arguments, screen)
-
-    def _act(self, device, action):
-        x, y, what = action
-        device.long_press(x, y)
-        return f"Long-pressed {what}."
+    gesture, done = "long_press", "Long-pressed"
 
 
 class SwipeTool(_PhoneTool):
