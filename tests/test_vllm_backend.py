@@ -27,6 +27,7 @@ import torch
 
 from rlfactory_core.errors import ModelError, RLFactoryError
 from rlfactory_core.rollout import Generation, SamplingParams, make_backend, vllm_available
+from rlfactory_core.rollout.backends import vllm_cpu
 
 pytestmark = [
     pytest.mark.slow,
@@ -184,6 +185,22 @@ class TestMechanicsOnATinyEngine:
             assert result.finish_reason == "length" or result.token_ids[-1] == tokenizer.eos_token_id
             assert all(lp <= 0 for lp in result.logprobs)
         assert len({r.metadata["request_id"] for r in results}) == len(results)
+
+    async def test_on_two_cores_the_worker_computes_on_both(self, tiny):
+        """vLLM's own binding leaves one of two cores to its scheduler; the backend binds the
+        worker's threads to every usable core of a machine this small (``vllm_cpu``)."""
+        import psutil
+
+        usable = sorted(os.sched_getaffinity(0))
+        if len(usable) > 2 or any(name in os.environ for name in vllm_cpu.BINDING_VARIABLES):
+            pytest.skip("vLLM's own binding applies: more than two cores, or the user's variables")
+        workers = [p for p in engine_processes() if p.name().startswith("VLLM::Worker")]
+        assert workers, [p.name() for p in engine_processes()]
+        for worker in workers:
+            threads = [psutil.Process(t.id) for t in worker.threads()]
+            bound = {cpu for thread in threads for cpu in thread.cpu_affinity()}
+            assert bound == set(usable), (worker.pid, bound)
+        assert not any(name in os.environ for name in vllm_cpu.BINDING_VARIABLES)  # set for the spawn only
 
     async def test_seeded_requests_with_long_prompts_arriving_together(self, tiny):
         """16 seeded 300-token prompts at once exceed one step's token budget (2048): with

@@ -29,6 +29,9 @@ Defaults, and why:
   has no CUDA graphs to capture) and False on GPU.
 * The engine always gets ``logprobs_mode="processed_logprobs"``, so the logprobs are
   those defined in :mod:`.base` (after temperature / top-k / top-p; raw when greedy).
+* On a CPU with one or two usable cores, vLLM's worker is bound to all of them instead of
+  all but one (:mod:`.vllm_cpu` says why and what it measured); a user's
+  ``VLLM_CPU_OMP_THREADS_BIND`` or ``VLLM_CPU_NUM_OF_RESERVED_CPU`` still wins.
 
 Requests
 --------
@@ -98,6 +101,7 @@ from typing import Any, Iterable, Sequence
 from ...errors import ConfigError, ModelError, RLFactoryError, one_line
 from ...models import resolve_model
 from .base import FinishReason, Generation, SamplingParams
+from .vllm_cpu import cpu_platform, environment, small_cpu_binding
 from .vllm_weights import EXTENSION, GIB, VISION_TOWER_RENAMES, renamed, staging_directory, write_shards
 
 __all__ = ["VLLMBackend", "MAX_IMAGES_PER_PROMPT", "collapse_image_runs"]
@@ -368,7 +372,11 @@ class VLLMBackend:
         log.info("starting vLLM for %s", self._model_name)
         log.debug("vLLM engine options: %s", ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "model"))
         try:
-            self._engine = AsyncLLM.from_engine_args(args)
+            binding = small_cpu_binding() if cpu_platform() else {}
+            if binding:
+                log.debug("vllm-cpu thread binding: %s", binding)
+            with environment(binding):
+                self._engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # noqa: BLE001 - startup failures become one line plus a hint
             raise ModelError(
                 f"vLLM could not start {self._model_name!r}: {_startup_error(exc)}",
@@ -378,9 +386,7 @@ class VLLMBackend:
             ) from exc
 
     def _engine_args(self) -> dict[str, Any]:
-        from vllm.platforms import current_platform
-
-        on_cpu = current_platform.is_cpu()
+        on_cpu = cpu_platform()
         opts = self._options
         args: dict[str, Any] = {
             "model": str(self._model_path),
