@@ -29,9 +29,8 @@ Defaults, and why:
   has no CUDA graphs to capture) and False on GPU.
 * The engine always gets ``logprobs_mode="processed_logprobs"``, so the logprobs are
   those defined in :mod:`.base` (after temperature / top-k / top-p; raw when greedy).
-* On a CPU with one or two usable cores, vLLM's worker is bound to all of them instead of
-  all but one (:mod:`.vllm_cpu` says why and what it measured); a user's
-  ``VLLM_CPU_OMP_THREADS_BIND`` or ``VLLM_CPU_NUM_OF_RESERVED_CPU`` still wins.
+* On one or two usable CPU cores vLLM's worker is bound to all of them, not all but one
+  (:mod:`.vllm_cpu`: why, what it measured, and how a user's own binding wins).
 
 Requests
 --------
@@ -373,8 +372,7 @@ class VLLMBackend:
         log.debug("vLLM engine options: %s", ", ".join(f"{k}={v}" for k, v in kwargs.items() if k != "model"))
         try:
             binding = small_cpu_binding() if cpu_platform() else {}
-            if binding:
-                log.debug("vllm-cpu thread binding: %s", binding)
+            log.debug("vLLM CPU thread binding: %s", binding or "vLLM's own")
             with environment(binding):
                 self._engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # noqa: BLE001 - startup failures become one line plus a hint
