@@ -2,12 +2,13 @@
 
 On x86, vLLM 0.32 keeps one core for its scheduler process (the engine core) and binds the
 worker's OpenMP threads to the rest (``vllm/utils/ompmultiprocessing.py``): with two cores
-the model runs on one, and with one vLLM has no core left to bind. The scheduler is nearly
-idle while the worker computes (~2% of a core in ``top`` through an evaluation), so on a
-one- or two-core machine :func:`small_cpu_binding` gives the worker every core. Measured on
-the 2-core machine (bench/README.md): an evaluation of 154 deepsearch questions went 214 ->
-158 s, and a default ``rlf train --env deepsearch`` 31-34 -> 25 minutes (each of its three
-evaluations of 329 questions ~320 -> ~180 s). On more cores vLLM's own NUMA-aware binding stays, and a user who sets
+the model runs on one (and with one, by its code, no core is left to bind; not tried here).
+The scheduler is nearly idle while the worker computes (~2% of a core in ``top`` through an
+evaluation), so on a one- or two-core machine :func:`small_cpu_binding` gives the worker
+every core. Measured on the 2-core machine (bench/README.md): an evaluation of 154
+deepsearch questions went 214 -> 158 s, and a default ``rlf train --env deepsearch`` 31-34
+-> 25 minutes (each of its three evaluations of 329 questions ~320 -> ~180 s). On more
+cores vLLM's own NUMA-aware binding stays, and a user who sets
 ``VLLM_CPU_OMP_THREADS_BIND`` or ``VLLM_CPU_NUM_OF_RESERVED_CPU`` keeps theirs.
 """
 
