@@ -6,6 +6,7 @@
 * :mod:`.batch`: the rollout batch (a TensorDict, one row per trajectory) and micro-batches.
 * :mod:`.logprobs`: the policy's logprobs of the sampled tokens.
 * :mod:`.update`: the optimizer steps on one batch (single process or one FSDP rank).
+* :mod:`.fsdp`: FSDP2 sharding for a trainer group, and its checkpoints in the local format.
 * :mod:`.policy`: the policy, the reference model and the optimizer, for every engine.
 * :mod:`.checkpoint`: checkpoints, written atomically, and resuming from them.
 

@@ -1,6 +1,6 @@
 """The ray engine (``engine: ray``): the engine protocol (:mod:`rlfactory_core.engines.base`)
 with its work placed on Ray actors (:mod:`.actors`; the driver side is :mod:`.engine`, FSDP2
-is :mod:`.fsdp`).
+is :mod:`rlfactory_core.training.fsdp`).
 
 Roles (``ray.*`` in the config sets each one's actors and resources):
 

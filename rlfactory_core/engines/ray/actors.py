@@ -18,7 +18,7 @@ import torch
 from ...config import RunConfig
 from ...errors import ConfigError, one_line
 from ...interfaces import member
-from .fsdp import full_model_state, load_local_optimizer_state, local_optimizer_state, shard, trainable_names
+from ...training.fsdp import full_model_state, load_local_optimizer_state, local_optimizer_state, shard, trainable_names
 
 __all__ = ["TrainerWorker", "RolloutWorker", "JudgeActor", "ToolActor", "SharedTool", "PooledReward",
            "quiet_worker", "threads_for", "role_threads"]

@@ -1,6 +1,7 @@
-"""FSDP2 for the ray engine's trainer group: sharding, and the conversions that keep its
-checkpoints in the local engine's format (full HF weights; AdamW state indexed by parameter
-order), so a run resumes on either engine."""
+"""FSDP2 for a trainer group (the ray engine's, or ranks started by ``torchrun``): sharding,
+and the conversions that keep its checkpoints in the local engine's format (full HF weights;
+AdamW state indexed by parameter order), so a run resumes on either engine. It imports only
+torch: the GPU check (``bench/gpu.py``) runs it under ``torchrun`` where Ray is not installed."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class ScoredLogitsModule(torch.nn.Module):
         self.lm = lm
 
     def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any, targets: Any) -> Any:
-        from ...training.logprobs import scored_logits
+        from .logprobs import scored_logits
 
         return scored_logits(self.lm, input_ids, attention_mask, position_ids, targets)
 

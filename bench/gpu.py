@@ -1,0 +1,598 @@
+"""The GPU check: proves the CUDA path (correctness) and measures it (speed), in one command.
+
+    PYTHONPATH=/tmp/site:. python3 bench/gpu.py            # on a GPU machine (262 s on an H100, bench/README.md)
+    .venv/bin/python bench/gpu.py --quick                  # the short CPU form (tests/test_gpu_check.py)
+
+On a GPU machine without network, first install the wheels ``scripts/gpu_wheels.sh`` put in
+``.whl/`` (``pip install --no-index --no-deps --target /tmp/site .whl/*.whl``).
+
+No checkpoint is needed: the models are built from the configs of real architectures
+(SmolLM2-135M's Llama, Qwen2.5-0.5B's Qwen2) with random weights: the layers at the usual
+``initializer_range`` (0.02), the embeddings and head 4x larger, so that the next-token
+distributions are peaked like a trained model's rather than near-uniform (the table reports
+their mean entropy): a logprob comparison on a uniform distribution would prove little.
+Scaling every layer up instead (``initializer_range=0.08``) gives the same entropy but a
+chaotic network: rounding its weights to bf16 alone moved logprobs by 0.12 on average (0.011
+with the scaling used here, SmolLM2's shape, measured on CPU), which would blame bf16 autocast
+for what is the random model's sensitivity.
+
+Sections (``--sections`` picks some); each runs on its own, and the JSON (``--out``) is
+rewritten after each, so one run yields every result it can even when a section fails:
+
+* ``environment``: device, versions.
+* ``sampler``: the hf backend's sampled tokens' logprobs against a full forward of each
+  prompt + completion, alone and unpadded (float32 weights; bf16 weights reported too).
+* ``trainer``: the trainer's logprobs (:func:`rlfactory_core.training.logprobs.token_logprobs`)
+  of those tokens against the sampler's: float32, bf16 autocast padded, packed (SDPA), and
+  packed with ``flex_attention`` on CUDA.
+* ``grpo_step``: one GRPO update (:func:`rlfactory_core.training.update.update_policy`) on
+  those trajectories, padded and packed: finite loss and gradient norm, weights moved.
+* ``fsdp``: ``torchrun --nproc_per_node 1`` (NCCL on CUDA, gloo on CPU): the same update on
+  the FSDP2-sharded policy (:mod:`rlfactory_core.training.fsdp`) against the local engine's,
+  float32 and bf16 autocast.
+* ``generation_speed``: the hf backend's generated tokens/s at batch 1 / 32 / 256.
+* ``train_speed``: training (forward + backward) tokens/s with bf16 autocast over rows of
+  mixed length: padded (SDPA) against packed (SDPA's block-diagonal mask, and
+  ``flex_attention``, which skips the masked blocks, on CUDA); flash-attn when installed.
+* ``weight_sync``: the share of a step (generation, update, weight sync) spent copying the
+  trainer's weights into the backend.
+
+bf16 on a GPU is not bit-exact: each comparison reports max and mean |delta| and passes
+under the tolerance printed beside it. The short CPU form runs every section on a tiny model
+with fewer and shorter rows and no ``torch.compile`` path (no flex_attention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing it (the GPU machine)
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+# The architectures' shapes (their published configs); the weights are random.
+ARCHITECTURES = {
+    "tiny": ("llama", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)),
+    "smollm2-135m": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                                   rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
+}
+EMBEDDING_SCALE = 4.0  # peaked next-token distributions (see the module docstring)
+EOS_ID = 0
+
+# Tolerances. float32 is exact up to kernel reassociation; bf16 autocast rounds activations
+# to 8 bits of mantissa, so its logprobs differ from float32's by a few hundredths on average.
+TOL_FP32_MAX = 2e-3
+TOL_BF16_MEAN = 0.05
+TOL_FSDP_REL = 0.05  # mean |FSDP - local| weight difference over the mean |update|
+
+PROFILES = {
+    "quick": dict(model="tiny", speed_models=["tiny"], rows=8, prompt=(8, 24), new_tokens=16,
+                  gen_batches=[1, 4], gen_prompt=16, gen_tokens=8,
+                  train_rows=8, train_lengths=(32, 160), micro_tokens=512, group_size=4, passes=1),
+    "full": dict(model="smollm2-135m", speed_models=["smollm2-135m", "qwen2.5-0.5b"], rows=32, prompt=(16, 96),
+                 new_tokens=64, gen_batches=[1, 32, 256], gen_prompt=64, gen_tokens=128,
+                 train_rows=64, train_lengths=(256, 2048), micro_tokens=16384, group_size=4, passes=2),
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def build_model(name: str, device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    kind, shape = ARCHITECTURES[name]
+    config = (LlamaConfig if kind == "llama" else Qwen2Config)(**shape, eos_token_id=EOS_ID, bos_token_id=1,
+                                                               pad_token_id=EOS_ID)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        embeddings = {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings())}
+        for weight in embeddings.values():  # tied: one tensor
+            weight.mul_(EMBEDDING_SCALE)
+    model.config._attn_implementation = "sdpa"  # noqa: SLF001 - transformers' own switch
+    return model.to(device)
+
+
+def run_config(profile: dict[str, Any], bf16: bool, lr: float = 1e-5) -> Any:
+    from rlfactory_core.config import RunConfig
+
+    return RunConfig.model_validate({
+        "grpo": {"group_size": profile["group_size"], "micro_batch_tokens": profile["micro_tokens"],
+                 "shared_prefix": False},
+        "train": {"bf16": bf16, "lr": lr, "seed": 0},
+        "rollout": {"sampling": {"temperature": 1.0}},
+    })
+
+
+def random_prompts(count: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(rng.randint(*lengths))] for _ in range(count)]
+
+
+async def _generate(backend: Any, prompts: list[list[int]], max_tokens: int, seeded: bool) -> list[Any]:
+    from rlfactory_core.rollout.backends.base import SamplingParams
+
+    try:
+        return await asyncio.gather(*(backend.generate(p, SamplingParams(
+            temperature=1.0, max_tokens=max_tokens, seed=i if seeded else None)) for i, p in enumerate(prompts)))
+    finally:
+        await backend.close()
+
+
+def generate(model: Any, prompts: list[list[int]], max_tokens: int, *, seeded: bool = True,
+             max_batch_size: int = 256) -> list[Any]:
+    from rlfactory_core.rollout.backends.hf import HFBackend
+
+    return asyncio.run(_generate(HFBackend(model, max_batch_size=max_batch_size), prompts, max_tokens, seeded))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def trajectories_of(prompts: list[list[int]], generations: list[Any], group_size: int) -> list[Any]:
+    from rlfactory_core.types import Segment, Trajectory
+
+    return [Trajectory(sample_id=f"row-{i}", prompt_ids=list(p),
+                       segments=[Segment("model", list(g.token_ids), list(g.logprobs))], group=i // group_size)
+            for i, (p, g) in enumerate(zip(prompts, generations))]
+
+
+def deltas(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    diff = (a.float().cpu() - b.float().cpu()).abs()[mask.cpu().bool()]
+    return {"max_abs_delta": float(diff.max()), "mean_abs_delta": float(diff.mean()), "tokens": int(diff.numel())}
+
+
+def sampled(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The correctness sections' model and trajectories, made once (by the first that needs them)."""
+    if "sampled" not in ctx:
+        profile, device = ctx["profile"], ctx["device"]
+        model = build_model(profile["model"], device)
+        prompts = random_prompts(profile["rows"], profile["prompt"], model.config.vocab_size, seed=1)
+        generations = generate(model, prompts, profile["new_tokens"])
+        ctx["sampled"] = {"model": model, "prompts": prompts, "generations": generations}
+    return ctx["sampled"]
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def section_environment(ctx: dict[str, Any]) -> dict[str, Any]:
+    import transformers
+
+    device = ctx["device"]
+    out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "transformers": transformers.__version__, "device": str(device)}
+    for name in ("tensordict", "pydantic", "triton", "flash_attn"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - absent is a fact to report
+            out[name] = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda,
+                   bf16_native=torch.cuda.is_bf16_supported(), nccl=".".join(map(str, torch.cuda.nccl.version())))
+    else:
+        out.update(cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
+    return {"ok": True, **out}
+
+
+def _full_forward_logprobs(model: Any, prompts: list[list[int]], generations: list[Any]) -> tuple[list[float], list[float]]:
+    """Every sampled token's logprob from a forward of its whole row alone (no padding, no cache)."""
+    device = next(model.parameters()).device
+    ours, theirs = [], []
+    with torch.no_grad():
+        for prompt, generation in zip(prompts, generations):
+            ids = torch.tensor([prompt + list(generation.token_ids)], device=device)
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+            logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+            ours.extend(logprobs.tolist())
+            theirs.extend(generation.logprobs)
+    return ours, theirs
+
+
+def section_sampler(ctx: dict[str, Any]) -> dict[str, Any]:
+    data = sampled(ctx)
+    forward, sampler = _full_forward_logprobs(data["model"], data["prompts"], data["generations"])
+    mask = torch.ones(len(forward), dtype=torch.bool)
+    fp32 = deltas(torch.tensor(forward), torch.tensor(sampler), mask)
+    out = {"float32": {**fp32, "tolerance": f"max <= {TOL_FP32_MAX}"}}
+    bf16_model = copy.deepcopy(data["model"]).to(torch.bfloat16)
+    generations = generate(bf16_model, data["prompts"], ctx["profile"]["new_tokens"])
+    forward, sampler = _full_forward_logprobs(bf16_model, data["prompts"], generations)
+    out["bfloat16_weights"] = {**deltas(torch.tensor(forward), torch.tensor(sampler),
+                                        torch.ones(len(forward), dtype=torch.bool)),
+                               "tolerance": f"mean <= {TOL_BF16_MEAN}"}
+    out["ok"] = fp32["max_abs_delta"] <= TOL_FP32_MAX and out["bfloat16_weights"]["mean_abs_delta"] <= TOL_BF16_MEAN
+    out["sampled_tokens"] = len(forward)
+    return out
+
+
+def section_trainer(ctx: dict[str, Any]) -> dict[str, Any]:
+    from rlfactory_core.training.batch import rows_of, to_tensordict
+    from rlfactory_core.training.logprobs import token_logprobs
+
+    data, device = sampled(ctx), ctx["device"]
+    batch = to_tensordict(trajectories_of(data["prompts"], data["generations"], ctx["profile"]["group_size"]),
+                          pad_token_id=EOS_ID)
+    micro = rows_of(batch, list(range(batch.batch_size[0])))
+    mask = micro["loss_mask"].bool()
+    model = copy.deepcopy(data["model"]).train()
+    modes = [("float32 padded", False, False, "sdpa"), ("bf16 padded", True, False, "sdpa"),
+             ("bf16 packed sdpa", True, True, "sdpa")]
+    if device.type == "cuda":
+        modes.append(("bf16 packed flex_attention", True, True, "flex_attention"))
+    out: dict[str, Any] = {"ok": True}
+    with torch.no_grad():
+        for label, bf16, packed, attention in modes:
+            model.config._attn_implementation = attention  # noqa: SLF001
+            try:
+                logprobs, entropies = token_logprobs(model, micro, bf16=bf16, entropy=True, packed=packed,
+                                                     temperature=1.0)
+            except Exception as exc:  # noqa: BLE001 - one mode failing leaves the others' results
+                out[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                out["ok"] = False
+                continue
+            row = deltas(logprobs, micro["logprobs"], mask)
+            tolerance_ok = row["max_abs_delta"] <= TOL_FP32_MAX if not bf16 else row["mean_abs_delta"] <= TOL_BF16_MEAN
+            row["tolerance"] = f"max <= {TOL_FP32_MAX}" if not bf16 else f"mean <= {TOL_BF16_MEAN}"
+            row["mean_entropy"] = float(entropies.cpu()[mask].mean())
+            out[label] = row
+            out["ok"] = out["ok"] and tolerance_ok
+    return out
+
+
+def section_grpo_step(ctx: dict[str, Any]) -> dict[str, Any]:
+    from rlfactory_core.training.batch import build_batch
+    from rlfactory_core.training.policy import build_optimizer
+    from rlfactory_core.training.update import update_policy
+
+    data, device, profile = sampled(ctx), ctx["device"], ctx["profile"]
+    trajectories = trajectories_of(data["prompts"], data["generations"], profile["group_size"])
+    rewards = [float(i % 3 == 0) for i in range(len(trajectories))]
+    out: dict[str, Any] = {"ok": True}
+    for label, packed in (("padded", False), ("packed", True)):
+        config = run_config(profile, bf16=device.type == "cuda")
+        model = copy.deepcopy(data["model"]).train()
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer, _ = build_optimizer(model, config)
+        batch = build_batch(trajectories, rewards, config, EOS_ID)
+        synchronize(device)
+        t = time.perf_counter()
+        stats = update_policy(model, None, optimizer, batch, config, packed=packed)
+        synchronize(device)
+        moved = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
+        finite = all(torch.isfinite(torch.tensor(stats[k])) for k in ("train/loss", "train/grad_norm"))
+        out[label] = {"seconds": round(time.perf_counter() - t, 3), "loss": stats["train/loss"],
+                      "grad_norm": stats["train/grad_norm"], "max_weight_change": moved,
+                      "sampler_logprob_diff": stats["train/sampler_logprob_diff"]}
+        out["ok"] = out["ok"] and finite and moved > 0 and stats["train/grad_norm"] > 0
+    return out
+
+
+def section_fsdp(ctx: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "fsdp.json"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                   str(Path(__file__).resolve()), "--fsdp-worker", str(result), "--profile", ctx["profile_name"],
+                   "--device", ctx["device"].type]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=ctx["fsdp_timeout"])
+        if proc.returncode != 0 or not result.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-8:]
+            raise RuntimeError(f"torchrun exited {proc.returncode}: " + " | ".join(tail))
+        return json.loads(result.read_text())
+
+
+def fsdp_worker(path: Path, profile_name: str, device_type: str) -> None:
+    """One torchrun rank: the local engine's update and the FSDP2 one from the same weights."""
+    import torch.distributed as dist
+
+    from rlfactory_core.training.batch import build_batch
+    from rlfactory_core.training.fsdp import full_model_state, shard
+    from rlfactory_core.training.policy import build_optimizer
+    from rlfactory_core.training.update import DataParallel, update_policy
+
+    profile = PROFILES[profile_name]
+    cuda = device_type == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    out: dict[str, Any] = {"backend": dist.get_backend(), "world_size": dist.get_world_size(), "ok": True}
+    model = build_model(profile["model"], device)
+    prompts = random_prompts(profile["rows"], profile["prompt"], model.config.vocab_size, seed=2)
+    trajectories = trajectories_of(prompts, generate(copy.deepcopy(model), prompts, profile["new_tokens"]),
+                                   profile["group_size"])
+    rewards = [float(i % 3 == 0) for i in range(len(trajectories))]
+    initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    for label, bf16 in (("float32", False), ("bf16", True)):
+        config = run_config(profile, bf16=bf16)
+        local = copy.deepcopy(model).train()
+        optimizer, _ = build_optimizer(local, config)
+        local_stats = update_policy(local, None, optimizer, build_batch(trajectories, rewards, config, EOS_ID), config)
+        sharded = shard(copy.deepcopy(model).train())
+        optimizer, _ = build_optimizer(sharded, config)
+        fsdp_stats = update_policy(sharded, None, optimizer, build_batch(trajectories, rewards, config, EOS_ID),
+                                   config, dp=DataParallel(0, dist.get_world_size()))
+        full = full_model_state(sharded)
+        local_state = {k: v.detach().cpu() for k, v in local.state_dict().items()}
+        gaps = [(full[k].float() - local_state[k].float()).abs() for k in local_state]
+        updates = [(local_state[k].float() - initial[k].float()).abs() for k in local_state]
+        mean_gap = float(sum(g.sum() for g in gaps) / sum(g.numel() for g in gaps))
+        mean_update = float(sum(u.sum() for u in updates) / sum(u.numel() for u in updates))
+        row = {"max_abs_weight_delta": max(float(g.max()) for g in gaps), "mean_abs_weight_delta": mean_gap,
+               "mean_abs_update": mean_update, "relative": mean_gap / mean_update if mean_update else float("inf"),
+               "local_grad_norm": local_stats["train/grad_norm"], "fsdp_grad_norm": fsdp_stats["train/grad_norm"],
+               "local_loss": local_stats["train/loss"], "fsdp_loss": fsdp_stats["train/loss"],
+               "tolerance": f"mean |delta| / mean |update| <= {TOL_FSDP_REL}"}
+        out[label] = row
+        out["ok"] = out["ok"] and mean_update > 0 and row["relative"] <= TOL_FSDP_REL
+    path.write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def section_generation_speed(ctx: dict[str, Any]) -> dict[str, Any]:
+    profile, device = ctx["profile"], ctx["device"]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    out: dict[str, Any] = {"ok": True, "dtype": str(dtype).removeprefix("torch."),
+                           "prompt_tokens": profile["gen_prompt"], "new_tokens": profile["gen_tokens"]}
+    for name in profile["speed_models"]:
+        model = build_model(name, device, dtype=dtype)
+        vocab = model.config.vocab_size
+        generate(model, random_prompts(2, (8, 8), vocab, seed=0), 4, seeded=False)  # warm-up
+        rows = {}
+        for batch in profile["gen_batches"]:
+            prompts = random_prompts(batch, (profile["gen_prompt"], profile["gen_prompt"]), vocab, seed=batch)
+            synchronize(device)
+            t = time.perf_counter()
+            generations = generate(model, prompts, profile["gen_tokens"], seeded=False)
+            synchronize(device)
+            seconds = time.perf_counter() - t
+            tokens = sum(len(g.token_ids) for g in generations)
+            rows[f"batch {batch}"] = {"tokens_per_s": round(tokens / seconds, 1), "tokens": tokens,
+                                      "seconds": round(seconds, 3)}
+        out[name] = rows
+        del model
+        _free(device)
+    return out
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _training_batch(profile: dict[str, Any], vocab: int) -> Any:
+    """Rows of mixed length (uniform in ``train_lengths``), a quarter prompt, the rest sampled."""
+    from rlfactory_core.training.batch import to_tensordict
+    from rlfactory_core.types import Segment, Trajectory
+
+    rng = random.Random(3)
+    trajectories = []
+    for i in range(profile["train_rows"]):
+        length = rng.randint(*profile["train_lengths"])
+        prompt = [rng.randrange(2, vocab) for _ in range(length // 4)]
+        completion = [rng.randrange(2, vocab) for _ in range(length - len(prompt))]
+        trajectories.append(Trajectory(sample_id=f"row-{i}", prompt_ids=prompt,
+                                       segments=[Segment("model", completion, [0.0] * len(completion))], group=i))
+    return to_tensordict(trajectories, pad_token_id=EOS_ID)
+
+
+def section_train_speed(ctx: dict[str, Any]) -> dict[str, Any]:
+    from rlfactory_core.training.batch import micro_batches, rows_of
+    from rlfactory_core.training.logprobs import token_logprobs
+
+    profile, device = ctx["profile"], ctx["device"]
+    bf16 = device.type == "cuda"
+    extra = []
+    if device.type == "cuda":
+        extra.append(("packed flex_attention", True, "flex_attention"))
+        if ctx["versions"].get("flash_attn"):
+            extra.append(("packed flash_attention_2", True, "flash_attention_2"))
+    out: dict[str, Any] = {"ok": True, "bf16_autocast": bf16, "rows": profile["train_rows"],
+                           "row_lengths": list(profile["train_lengths"]), "micro_batch_tokens": profile["micro_tokens"]}
+    for index, name in enumerate(profile["speed_models"]):
+        # flex_attention compiles once per micro-batch shape (transformers: dynamic=False), about
+        # half a minute each: measured on the first model only, to keep the check short.
+        modes = [("padded sdpa", False, "sdpa"), ("packed sdpa", True, "sdpa")] + (extra if index == 0 else [])
+        model = build_model(name, device).train()
+        batch = _training_batch(profile, model.config.vocab_size)
+        real_tokens = int(batch["attention_mask"].sum())
+        rows = {"real_tokens": real_tokens}
+        for label, packed, attention in modes:
+            model.config._attn_implementation = attention  # noqa: SLF001
+            planned = micro_batches(list(range(batch.batch_size[0])), batch["lengths"], profile["micro_tokens"], packed)
+
+            def one_pass() -> None:
+                for micro_rows in planned:
+                    micro = rows_of(batch, micro_rows).to(device)
+                    logprobs, _ = token_logprobs(model, micro, bf16=bf16, entropy=False, packed=packed)
+                    (-(logprobs * micro["loss_mask"]).sum() / real_tokens).backward()
+                model.zero_grad(set_to_none=True)
+
+            try:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                synchronize(device)
+                t = time.perf_counter()
+                one_pass()  # warm-up (flex_attention compiles here)
+                synchronize(device)
+                warmup = time.perf_counter() - t
+                t = time.perf_counter()
+                for _ in range(profile["passes"]):
+                    one_pass()
+                synchronize(device)
+                seconds = (time.perf_counter() - t) / profile["passes"]
+            except Exception as exc:  # noqa: BLE001 - one mode failing leaves the others' results
+                rows[label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+                out["ok"] = False
+                _free(device)
+                continue
+            rows[label] = {"tokens_per_s": round(real_tokens / seconds, 1), "seconds_per_pass": round(seconds, 3),
+                           "warmup_seconds": round(warmup, 2), "micro_batches": len(planned)}
+            if device.type == "cuda":
+                rows[label]["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        out[name] = rows
+        del model
+        _free(device)
+    return out
+
+
+def section_weight_sync(ctx: dict[str, Any]) -> dict[str, Any]:
+    from rlfactory_core.rollout.backends.hf import HFBackend
+    from rlfactory_core.training.batch import build_batch
+    from rlfactory_core.training.policy import build_optimizer, weights_for_backend
+    from rlfactory_core.training.update import update_policy
+
+    profile, device = ctx["profile"], ctx["device"]
+    policy = build_model(profile["model"], device).train()
+    backend = HFBackend(copy.deepcopy(policy), max_batch_size=256)
+    config = run_config(profile, bf16=device.type == "cuda")
+    optimizer, _ = build_optimizer(policy, config)
+    prompts = random_prompts(profile["rows"] * 2, profile["prompt"], policy.config.vocab_size, seed=4)
+
+    async def step() -> dict[str, float]:
+        from rlfactory_core.rollout.backends.base import SamplingParams
+
+        times = {}
+        t = time.perf_counter()
+        generations = await asyncio.gather(*(backend.generate(p, SamplingParams(max_tokens=profile["new_tokens"]))
+                                             for p in prompts))
+        times["generation"] = time.perf_counter() - t
+        trajectories = trajectories_of(prompts, generations, profile["group_size"])
+        t = time.perf_counter()
+        update_policy(policy, None, optimizer, build_batch(trajectories, [float(i % 2) for i in range(len(prompts))],
+                                                           config, EOS_ID), config)
+        synchronize(device)
+        times["update"] = time.perf_counter() - t
+        t = time.perf_counter()
+        await backend.update_weights(weights_for_backend(policy))
+        synchronize(device)
+        times["weight_sync"] = time.perf_counter() - t
+        return times
+
+    async def steps() -> list[dict[str, float]]:
+        try:
+            return [await step() for _ in range(2)]  # the first warms up
+        finally:
+            await backend.close()
+
+    times = asyncio.run(steps())[-1]
+    total = sum(times.values())
+    synced = next(iter(backend.model.parameters())).detach().cpu()
+    return {"ok": bool(torch.equal(synced, next(iter(policy.parameters())).detach().cpu())),
+            **{f"{k}_s": round(v, 4) for k, v in times.items()},
+            "weight_sync_share": round(times["weight_sync"] / total, 4),
+            "parameters_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 1)}
+
+
+SECTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "environment": section_environment, "sampler": section_sampler, "trainer": section_trainer,
+    "grpo_step": section_grpo_step, "fsdp": section_fsdp, "generation_speed": section_generation_speed,
+    "weight_sync": section_weight_sync, "train_speed": section_train_speed,  # last: flex_attention compiles
+}
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def table(results: dict[str, Any]) -> str:
+    """One line per measured figure: section, what, value(s), verdict."""
+    lines = [f"{'section':<17} {'what':<44} {'figures':<58} result", "-" * 128]
+
+    def line(section: str, what: str, figures: str, verdict: str = "") -> None:
+        lines.append(f"{section:<17} {what:<44} {figures:<58} {verdict}")
+
+    for section, result in results.items():
+        verdict = "ok" if result.get("ok") else "FAILED"
+        if "error" in result and len(result) <= 3:
+            line(section, "", result["error"][:58], verdict)
+            continue
+        for key, value in result.items():
+            if key in ("ok", "seconds"):
+                continue
+            if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values() if not isinstance(v, int)):
+                for sub, figures in value.items():
+                    if isinstance(figures, dict):
+                        line(section, f"{key}: {sub}", _figures(figures), verdict)
+            elif isinstance(value, dict):
+                line(section, key, _figures(value), verdict)
+            else:
+                line(section, key, str(value), "")
+    return "\n".join(lines)
+
+
+def _figures(values: dict[str, Any]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k}={fmt(v)}" for k, v in values.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the short CPU form (tiny model, few rows)")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, from: " + ", ".join(SECTIONS))
+    parser.add_argument("--out", default="gpu_check.json", help="where the JSON goes (rewritten after each section)")
+    parser.add_argument("--profile", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fsdp-worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.fsdp_worker:
+        fsdp_worker(Path(args.fsdp_worker), args.profile, args.device)
+        return 0
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    profile_name = "quick" if args.quick else "full"
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown sections {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    ctx: dict[str, Any] = {"device": device, "profile": PROFILES[profile_name], "profile_name": profile_name,
+                           "fsdp_timeout": 300 if args.quick else 240}
+    ctx["versions"] = section_environment(ctx)
+    results: dict[str, Any] = {}
+    out = Path(args.out)
+    for name in chosen:
+        print(f"[gpu check] {name} ...", flush=True)
+        t = time.perf_counter()
+        try:
+            results[name] = SECTIONS[name](ctx)
+        except Exception as exc:  # noqa: BLE001 - a failed section is reported; the next runs
+            results[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                             "traceback": traceback.format_exc()[-3000:]}
+        results[name]["seconds"] = round(time.perf_counter() - t, 1)
+        print(f"[gpu check] {name}: {'ok' if results[name].get('ok') else 'FAILED'} "
+              f"({results[name]['seconds']} s)", flush=True)
+        if "traceback" in results[name]:
+            print(results[name]["traceback"], flush=True)
+        out.write_text(json.dumps({"profile": profile_name, "sections": results}, indent=1))
+    print(table(results))
+    print(f"[gpu check] written: {out}")
+    return 0 if all(r.get("ok") for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
