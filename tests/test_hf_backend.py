@@ -347,6 +347,31 @@ async def test_make_backend_loads_a_model_directory(model, tmp_path):
         await backend.close()
 
 
+async def test_a_model_loaded_by_path_goes_to_the_gpu_when_there_is_one(model, tmp_path):
+    # device="auto" (the default): the local engine builds the backend without a device, and on a
+    # GPU machine generation must not silently run on the CPU.
+    model.save_pretrained(tmp_path)
+    backend = make_backend("hf", str(tmp_path), dtype="float32", max_batch_size=2)
+    try:
+        expected = "cuda" if torch.cuda.is_available() else "cpu"
+        assert next(backend.model.parameters()).device.type == expected
+    finally:
+        await backend.close()
+
+
+def test_on_cuda_the_model_calls_avoid_cudnn_attention_and_restore_the_flags():
+    # The flags are process-wide settings that exist without a GPU, so the context is checked here.
+    from rlfactory_core.rollout.backends.hf_runner import attention_kernels
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_kernels(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_kernels(torch.device("cpu")):  # nothing to choose on CPU
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 @pytest.mark.parametrize("options, message", [
     ({"max_batch_size": 0}, "max_batch_size"),
     ({"max_model_len": 1}, "max_model_len"),

@@ -126,8 +126,9 @@ class HFBackend:
     """Generation with a transformers causal LM, continuously batched in a worker thread.
 
     ``model``: a name or path for :func:`~rlfactory_core.models.load_model` (loaded with
-    ``dtype`` onto ``device``), or an already loaded ``PreTrainedModel``, used as it is
-    where it is (``dtype`` and ``device`` are then not applied). Either way the backend puts
+    ``dtype`` onto ``device``: ``auto``, the default, is the GPU when there is one), or an
+    already loaded ``PreTrainedModel``, used as it is where it is (``dtype`` and ``device``
+    are then not applied). Either way the backend puts
     the model in eval mode and, from then on, owns it: weights change only through
     :meth:`update_weights`. End-of-sequence ids come from the model's generation config and
     config; no tokenizer is needed.
@@ -144,7 +145,7 @@ class HFBackend:
         model: str | os.PathLike[str] | PreTrainedModel,
         *,
         dtype: torch.dtype | str | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "auto",
         max_batch_size: int = 32,
         max_model_len: int | None = None,
         processor: Any = None,
@@ -159,6 +160,8 @@ class HFBackend:
         else:
             from ...models import load_model
 
+            if str(device) == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
             self._model = load_model(model, dtype=dtype, device=device)
         self._model.eval()
         self._processor = processor  # loaded from the model's directory on first use with images

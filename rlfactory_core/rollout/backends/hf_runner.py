@@ -11,6 +11,7 @@ shutdown) is there too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -19,7 +20,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .base import GREEDY_TEMPERATURE, Generation, SamplingParams
 
-__all__ = ["Request", "Batch", "BatchRunner", "PrefillForwardError", "answer", "sample", "mask_top_k_top_p"]
+__all__ = ["Request", "Batch", "BatchRunner", "PrefillForwardError", "answer", "sample", "mask_top_k_top_p",
+           "attention_kernels"]
 
 
 @dataclass(eq=False)
@@ -192,6 +194,20 @@ def sample(logits: torch.Tensor, rows: Sequence[Request], generator: torch.Gener
 # --------------------------------------------------------------------------- the runner
 
 
+def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """The SDPA kernels the backend's model calls may use: on CUDA every one but cuDNN's,
+    which builds a graph per query/key shape, and a decode step's key length grows by one
+    each step. Measured on an H100 (torch 2.11, SmolLM2-135M's shape in bf16, batch 1):
+    a decode step took 77.7 ms with cuDNN's kernel and 33.8 ms without (bench/README.md,
+    "GPU check"). The flags are process-wide while the context lasts: a trainer computing
+    meanwhile in another thread skips cuDNN too, which changes speed, not numbers."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 class BatchRunner:
     """Prefills, decodes and compacts :class:`Batch` es on ``model`` (one thread only).
 
@@ -254,8 +270,9 @@ class BatchRunner:
 
     def _forward_last_logits(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                              cache: DynamicCache, image_inputs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        output = self._model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1, **(image_inputs or {}))
+        with attention_kernels(self._device):
+            output = self._model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1, **(image_inputs or {}))
         return output.logits[:, -1, :].float()
 
     def _record(self, batch: Batch, logits: torch.Tensor) -> Batch | None:
