@@ -2,8 +2,10 @@
 # The wheels a GPU machine without network needs to run RLFactory's core and its GPU check
 # (bench/gpu.py): what its image (Python 3.12, torch 2.11, transformers 5.17, pluggy, rich,
 # typer, pyyaml, numpy, tensorboard, peft ...) lacks. Downloaded here, cp312 manylinux, into
-# .whl/ (git-ignored), at the versions this checkout's .venv tests, and no others: each
-# wheel is --no-deps, so the list below is the whole closure of what is missing.
+# .whl/ (git-ignored), at the versions this checkout's .venv tests, and no others. Each wheel
+# is --no-deps: the list below is what our dependencies and theirs need beyond the image's
+# packages (the device tool's KINDS.md lists them: attrs, cloudpickle, requests, tqdm, jinja2,
+# click, python-dateutil, accelerate, safetensors ... are there).
 #
 #   scripts/gpu_wheels.sh            # -> .whl/*.whl, prints the total size (must stay under 64 MiB)
 #
@@ -22,7 +24,8 @@ LIMIT_MIB=64
 PACKAGES=(pydantic pydantic_core annotated-types typing-inspection  # config
           tensordict pyvers                                         # the training batch
           jsonschema jsonschema-specifications referencing rpds-py  # tool-argument validation
-          gguf)                                                     # the embedded model's format
+          gguf                                                      # the embedded model's format
+          cookiecutter binaryornot python-slugify text-unidecode arrow tzdata)  # rlf plugins new
 
 if [[ ! -x $VENV_PY ]]; then
     echo "gpu_wheels: $VENV_PY not found; run 'make install' first (the wheels take its tested versions)" >&2

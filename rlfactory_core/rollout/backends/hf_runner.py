@@ -200,7 +200,8 @@ def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager
     each step. Measured on an H100 (torch 2.11, SmolLM2-135M's shape in bf16, batch 1):
     a decode step took 77.7 ms with cuDNN's kernel and 33.8 ms without (bench/README.md,
     "GPU check"). The flags are process-wide while the context lasts: a trainer computing
-    meanwhile in another thread skips cuDNN too, which changes speed, not numbers."""
+    meanwhile in another thread skips cuDNN too, and two backends in one process can restore
+    each other's saved flags out of order; either changes speed, never numbers."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
