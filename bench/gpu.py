@@ -139,21 +139,25 @@ def random_prompts(count: int, lengths: tuple[int, int], vocab: int, seed: int) 
     return [[rng.randrange(2, vocab) for _ in range(rng.randint(*lengths))] for _ in range(count)]
 
 
-async def _generate(backend: Any, prompts: list[list[int]], max_tokens: int, seeded: bool) -> list[Any]:
+async def _generate(backend: Any, prompts: list[list[int]], max_tokens: int, seeded: bool,
+                    temperature: float) -> list[Any]:
     from rlfactory_core.rollout.backends.base import SamplingParams
 
     try:
         return await asyncio.gather(*(backend.generate(p, SamplingParams(
-            temperature=1.0, max_tokens=max_tokens, seed=i if seeded else None)) for i, p in enumerate(prompts)))
+            temperature=temperature, max_tokens=max_tokens, seed=i if seeded else None))
+            for i, p in enumerate(prompts)))
     finally:
         await backend.close()
 
 
 def generate(model: Any, prompts: list[list[int]], max_tokens: int, *, seeded: bool = True,
-             max_batch_size: int = 256) -> list[Any]:
+             temperature: float = 1.0, max_batch_size: int = 256) -> list[Any]:
+    """The hf backend's generations for ``prompts`` (one request each, batched by the backend)."""
     from rlfactory_core.rollout.backends.hf import HFBackend
 
-    return asyncio.run(_generate(HFBackend(model, max_batch_size=max_batch_size), prompts, max_tokens, seeded))
+    return asyncio.run(_generate(HFBackend(model, max_batch_size=max_batch_size), prompts, max_tokens, seeded,
+                                 temperature))
 
 
 def synchronize(device: torch.device) -> None:
@@ -228,25 +232,14 @@ def _full_forward_logprobs(model: Any, prompts: list[list[int]], generations: li
 
 
 def section_sampler(ctx: dict[str, Any]) -> dict[str, Any]:
-    from rlfactory_core.rollout.backends.base import SamplingParams
-    from rlfactory_core.rollout.backends.hf import HFBackend
-
     data, profile = sampled(ctx), ctx["profile"]
     forward, sampler, _ = _full_forward_logprobs(data["model"], data["prompts"], data["generations"])
     every = torch.ones(len(forward), dtype=torch.bool)
     fp32 = deltas(torch.tensor(forward), torch.tensor(sampler), every)
     out: dict[str, Any] = {"float32": {**fp32, "tolerance": f"max <= {TOL_FP32_MAX}"}}
-
-    async def greedy() -> list[Any]:  # the tokens themselves: greedy must be the forward's argmax
-        backend = HFBackend(data["model"], max_batch_size=256)
-        try:
-            return await asyncio.gather(*(backend.generate(p, SamplingParams(temperature=0.0,
-                                                                             max_tokens=profile["new_tokens"]))
-                                          for p in data["prompts"]))
-        finally:
-            await backend.close()
-
-    greedy_generations = asyncio.run(greedy())
+    # the tokens themselves: greedy ones must be the forward's argmax
+    greedy_generations = generate(data["model"], data["prompts"], profile["new_tokens"], seeded=False,
+                                  temperature=0.0)
     _, _, not_argmax = _full_forward_logprobs(data["model"], data["prompts"], greedy_generations)
     out["float32 greedy"] = {"tokens": sum(len(g.token_ids) for g in greedy_generations),
                              "not_the_forward_argmax": not_argmax, "tolerance": f"0 (ties within {ARGMAX_MARGIN})"}

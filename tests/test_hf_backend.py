@@ -341,20 +341,11 @@ async def test_make_backend_loads_a_model_directory(model, tmp_path):
     try:
         assert isinstance(backend, HFBackend) and backend.name == "hf"
         assert backend.model.dtype == torch.float32
+        # device="auto", the default: the local engine passes none, and on a GPU machine
+        # generation must not silently run on the CPU
+        assert backend.model.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
         prompt = prompts(6)[0]
         assert (await backend.generate(prompt, GREEDY)).token_ids == reference_greedy(model, prompt, GREEDY.max_tokens)
-    finally:
-        await backend.close()
-
-
-async def test_a_model_loaded_by_path_goes_to_the_gpu_when_there_is_one(model, tmp_path):
-    # device="auto" (the default): the local engine builds the backend without a device, and on a
-    # GPU machine generation must not silently run on the CPU.
-    model.save_pretrained(tmp_path)
-    backend = make_backend("hf", str(tmp_path), dtype="float32", max_batch_size=2)
-    try:
-        expected = "cuda" if torch.cuda.is_available() else "cpu"
-        assert next(backend.model.parameters()).device.type == expected
     finally:
         await backend.close()
 
