@@ -83,8 +83,8 @@ def _run(tmp_path: Path, model_dir: Path) -> dict:
         "eval.every=0", "eval.save_samples=0", "checkpoint.every=1", "checkpoint.keep=5", "rollout.max_turns=1",
         "rollout.max_tokens_per_turn=12", "rollout.sampling.temperature=1.0", "logging.live=off",
         "logging.tensorboard=false",
-        # float32 on every machine: train.bf16=auto would pick bf16 autocast on an AVX512 CPU and
-        # float32 on an AVX2 one, and the two give different numbers.
+        # float32 on every machine: train.bf16=auto would pick bf16 autocast on an AMX CPU and
+        # float32 on others, and the two give different numbers.
         "train.bf16=false",
         'rewards=[{"name": "golden_text_length"}]',
     ])

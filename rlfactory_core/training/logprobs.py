@@ -15,41 +15,66 @@ from typing import Any
 from ..rollout import GREEDY_TEMPERATURE
 from .batch import micro_image_inputs
 
-__all__ = ["token_logprobs", "scored_logits", "bf16_autocast", "bf16_warning"]
+__all__ = ["token_logprobs", "scored_logits", "bf16_autocast", "bf16_warning", "native_bf16", "cpu_bf16_is_fast"]
 
 
 @functools.cache
 def native_bf16(device_type: str) -> bool:
-    """Whether ``device_type``'s matmuls run bf16 natively: a CUDA GPU that supports it, or a
-    CPU whose oneDNN has bf16 kernels (AVX512 / AMX). Elsewhere torch falls back to its
-    reference GEMM: measured on a 2-core AVX2 AMD EPYC (2026-11-26), a 1024x1024 bf16 matmul
-    took 3.8 s against 0.11 s in float32, and a GRPO step's update went from ~25 s to over 10
-    minutes."""
+    """Whether ``device_type``'s bf16 matmuls are faster than its float32 ones: a CUDA GPU
+    that supports bf16, or a CPU with AMX (oneDNN's bf16 tile kernels, :func:`cpu_bf16_is_fast`).
+
+    Measured on 2-core CPUs (bench/README.md, ``bench/bf16_cpu.py``): on an AVX2 AMD EPYC
+    (2026-11-26) torch has no bf16 GEMM and falls back to its reference loop, a 1024x1024
+    bf16 matmul 3.8 s against 0.11 s in float32, a GRPO step's update over 10 minutes instead
+    of ~25 s; on an AVX512-BF16 Intel Xeon without AMX (2026-11-27), where oneDNN does have
+    bf16 kernels, the policy's forward and backward under bf16 autocast ran at 0.57x the speed
+    of float32 (the casts and the float32 ops around them cost more than the matmuls save)."""
     import torch
 
     if device_type == "cuda":
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if device_type == "cpu":
         try:
-            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # noqa: SLF001 - torch's own probe
+            onednn_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())  # noqa: SLF001 - torch's own probe
         except (AttributeError, RuntimeError):
             return False
+        return onednn_bf16 and cpu_bf16_is_fast(_cpu_flags())
     return False
 
 
+def cpu_bf16_is_fast(flags: set[str]) -> bool:
+    """Whether a CPU with these feature ``flags`` (``/proc/cpuinfo``'s names) multiplies bf16
+    faster than float32: with AMX's bf16 tiles (``amx_bf16``), not with AVX512-BF16 alone
+    (:func:`native_bf16` has the measurements)."""
+    return {"amx_bf16", "amx_tile"} <= flags
+
+
+def _cpu_flags() -> set[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux); empty elsewhere, so an unknown
+    CPU trains in float32, which is never the slow choice by much."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
 def bf16_autocast(setting: bool | str, device: Any) -> bool:
-    """``train.bf16`` resolved for ``device``: ``auto`` is bf16 autocast where the device
-    computes bf16 natively (:func:`native_bf16`), float32 elsewhere; true / false as given."""
+    """``train.bf16`` resolved for ``device``: ``auto`` is bf16 autocast where the device's
+    bf16 matmuls are the fast ones (:func:`native_bf16`), float32 elsewhere; true / false as given."""
     if setting == "auto":
         return native_bf16(device.type)
     return bool(setting)
 
 
 def bf16_warning(setting: bool | str, device: Any) -> str | None:
-    """A one-line warning when bf16 autocast was asked for on a device without native bf16."""
+    """A one-line warning when bf16 autocast was asked for where float32 is faster (:func:`native_bf16`)."""
     if setting is True and not native_bf16(device.type):
-        return (f"train.bf16=true on a {device.type} without native bf16 matmuls: torch emulates them, which is "
-                f"tens of times slower than float32 here; set train.bf16=auto (the default) or false")
+        return (f"train.bf16=true on a {device.type} whose bf16 matmuls are slower than float32 ones (no AMX: "
+                f"emulated or unaccelerated); set train.bf16=auto (the default) or false")
     return None
 
 
