@@ -63,7 +63,10 @@ written, so a resumed run redoes exactly that step (the RNGs are saved as they w
 it). A step past its update is finished and saved. The last finished step is checkpointed;
 a second Ctrl-C stops without saving. ``rlf train --resume RUN_DIR`` continues from the
 newest checkpoint with the same data order. The engines' own output goes to the run's
-``log.txt`` (``rlfactory_core.logs``, set up by the CLI).
+``log.txt`` (``rlfactory_core.logs``, set up by the CLI). The run's ``status.json``
+(:mod:`rlfactory_core.run_status`) says it is running, with a heartbeat and the last finished
+step, then how it ended (finished, interrupted or failed); a run killed without a word is
+told by its stale heartbeat.
 
 Batching (:mod:`rlfactory_core.training.batch`): the rollout batch travels as a
 ``tensordict.TensorDict`` (one row per trajectory). Micro-batches are trajectories of similar
@@ -93,7 +96,7 @@ from typing import Any, Sequence
 from .config import RunConfig
 from .data import batch_indices, load_samples
 from .engines import build_driver_task, make_engine, rollout_config_for
-from .errors import ConfigError, Interrupted, RLFactoryError
+from .errors import ConfigError, Interrupted, RLFactoryError, one_line
 from .evaluation import eval_summary, run_eval, tool_metrics
 from .logs import LOG_FILE, log_to
 from .metrics import LiveView, MetricsLogger, read_metrics
@@ -101,6 +104,7 @@ from .models import check_images, load_tokenizer, resolve_model
 from .plugins import notify
 from .preflight import raise_problems, run_problems
 from .rollout import rollout_metrics
+from .run_status import StatusWriter
 from .runs import new_run_dir, write_run_files
 from .stopping import PhaseDropped, RunStopper
 from .training.assembly import BatchAssembler, group_filters
@@ -162,11 +166,29 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         _say(console, f"warning: {warning}")
     log_to(run_dir / LOG_FILE)  # the engines' output, captured by the CLI until now
     write_run_files(run_dir, config)
+    saved = 0 if checkpoint is None else int(checkpoint.name.split("-")[1])
+    status = StatusWriter(run_dir, steps=config.train.steps, step=saved).start()  # rlfactory_core.run_status
+    try:
+        await _run(config, task, run_dir, checkpoint, saved, train_samples, eval_samples, base_path, tokenizer,
+                   processor, console, status)
+    except (Interrupted, asyncio.CancelledError, KeyboardInterrupt) as exc:
+        status.end("interrupted", str(exc))
+        raise
+    except BaseException as exc:
+        status.end("failed", one_line(exc))
+        raise
+    status.end("finished")
+    return run_dir
+
+
+async def _run(config: RunConfig, task: Any, run_dir: Path, checkpoint: Path | None, saved: int,
+               train_samples: Sequence[Any], eval_samples: Sequence[Any], base_path: Path, tokenizer: Any,
+               processor: Any, console: Any, status: StatusWriter) -> None:
+    """The run itself, in its directory: the engine started, the cold start, the steps."""
     engine = make_engine(config, task, tokenizer, base_path=base_path, checkpoint=checkpoint, processor=processor,
                          console=console)
     # From here on a stop request is answered (rlfactory_core.stopping): first the start.
     stop = RunStopper(functools.partial(_say, console)).install()
-    saved = 0 if checkpoint is None else int(checkpoint.name.split("-")[1])
     try:
         resumed = await engine.start()
     except BaseException as exc:
@@ -286,6 +308,7 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
                 logger.log(step, metrics)
                 view.update(step, metrics)
                 finished_step = step
+                status.step(step)
                 last_metrics = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
                 notify("rlfactory_on_train_step_end", step=step, metrics=dict(last_metrics))
     except (PhaseDropped, asyncio.CancelledError):
@@ -303,7 +326,6 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     finally:
         notify_end = functools.partial(notify, "rlfactory_on_train_end", step=finished_step, metrics=dict(last_metrics))
         await _close(stop, engine, task, before=lambda: (notify_end(), logger.close()))
-    return run_dir
 
 
 # --------------------------------------------------------------------------- the step's batch and numbers

@@ -28,6 +28,7 @@ import pytest
 
 from rlfactory_core.training.checkpoint import latest_checkpoint
 from rlfactory_core.metrics import read_metrics
+from rlfactory_core.run_status import read_status
 
 PLUGIN = '''
 """The env ``stalling`` (tests of rlf train's stopping and output)."""
@@ -173,6 +174,8 @@ def test_ctrl_c_drops_the_step_in_flight_saves_the_last_one_and_resume_redoes_it
             "without saving") in text
     assert f"stopped: step 1 is saved; continue with `rlf train --resume {run_dir}`" in text
     assert _count(Path(f"{marker}.cancelled")) == 4  # the cancellation reached every hanging episode
+    status = read_status(run_dir)
+    assert (status.state, status.step) == ("interrupted", 1) and "step 1 is saved" in status.message
 
     # Step 1 saved although checkpoint.every is larger; nothing of step 2 is written.
     newest = latest_checkpoint(run_dir)
@@ -196,6 +199,7 @@ def test_ctrl_c_drops_the_step_in_flight_saves_the_last_one_and_resume_redoes_it
     assert f"{NOISE}: a child process" in resumed.stderr and f"{NOISE}: a Python warning" in resumed.stderr
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2]
+    assert (read_status(run_dir).state, read_status(run_dir).step) == ("finished", 2)
     import yaml
     from rlfactory_arithmetic import ArithmeticEnv
 
@@ -208,6 +212,21 @@ def test_ctrl_c_drops_the_step_in_flight_saves_the_last_one_and_resume_redoes_it
     saved = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
     assert {k: v for k, v in saved.items() if k != "metrics"} == {"step": 2, "position": 4}
     assert saved["metrics"]["samples"]  # the step's metrics travel with its checkpoint
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_is_told_dead_not_running(tmp_path, plugin_env, tiny_model_dir):
+    run_dir, marker = tmp_path / "run", tmp_path / "marker"
+    terminal = Terminal(_train_argv(run_dir, marker, f"model.name={tiny_model_dir}", "train.steps=2",
+                                    f"env_options.stall_after={STALL_IN_STEP_2}"), plugin_env, tmp_path)
+    terminal.wait_for(lambda: _count(Path(f"{marker}.stalled")) == 4)  # step 1 is done, step 2 hangs
+    status = read_status(run_dir)
+    assert (status.state, status.step, status.pid) == ("running", 1, terminal.process.pid)
+    terminal.process.kill()  # SIGKILL: no handler runs, nothing more is written
+    terminal.finish(timeout=60)
+    died = read_status(run_dir)
+    assert (died.state, died.step) == ("died", 1)
+    assert f"its process {terminal.process.pid} is gone" in died.message
 
 
 @pytest.mark.slow

@@ -1,0 +1,182 @@
+"""Whether a run is running, finished, failed, interrupted or died: ``status.json`` in its directory.
+
+``rlf train`` writes the file when the run starts, rewrites it every :data:`HEARTBEAT_S`
+seconds while the process lives (from a daemon thread, so a long update or a busy event loop
+does not hold it back) with the last finished step, and writes how the run ended:
+``finished``, ``interrupted`` (a stop request; the message says which step is saved) or
+``failed`` (the error's line). A process killed with SIGKILL, or a machine that lost power,
+writes nothing more, so :func:`read_status` calls a run ``died`` when its file still says
+``running`` but the heartbeat is older than :data:`STALE_AFTER_S`, or, on the same host,
+its process is gone. A run made before this file existed is ``finished`` when its metrics
+reached the configured steps, else ``unknown``; a torn or malformed file is ``unknown`` with
+the reason, never an exception.
+
+The file (``version`` 1)::
+
+    {"version": 1, "state": "running", "pid": 1234, "host": "box", "started_at": 1764280000.0,
+     "updated_at": 1764280120.5, "step": 3, "steps": 8, "message": ""}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from ._fs import write_text_atomic
+
+__all__ = ["STATUS_FILE", "HEARTBEAT_S", "STALE_AFTER_S", "RunStatus", "StatusWriter", "read_status"]
+
+STATUS_FILE = "status.json"
+#: How often a live run rewrites its status.
+HEARTBEAT_S = 10.0
+#: A ``running`` status not rewritten for this long belongs to a process that died. Six missed
+#: heartbeats: a machine under load (a 2-core box compiling while it trains) still beats.
+STALE_AFTER_S = 60.0
+VERSION = 1
+
+State = Literal["running", "finished", "failed", "interrupted", "died", "unknown"]
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """A run's state as :func:`read_status` sees it; ``message`` says why for ``failed``,
+    ``interrupted``, ``died`` and ``unknown``."""
+
+    state: State
+    step: int | None = None
+    steps: int | None = None
+    pid: int | None = None
+    host: str = ""
+    started_at: float | None = None
+    updated_at: float | None = None
+    message: str = ""
+
+
+class StatusWriter:
+    """The training process's side: :meth:`start`, :meth:`step` after each finished step,
+    and one :meth:`end`. The heartbeat thread stops at :meth:`end` (or with the process)."""
+
+    def __init__(self, run_dir: Path, *, steps: int, step: int = 0, heartbeat_s: float = HEARTBEAT_S):
+        self._path = Path(run_dir) / STATUS_FILE
+        self._heartbeat_s = heartbeat_s
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._record = {"version": VERSION, "state": "running", "pid": os.getpid(), "host": socket.gethostname(),
+                        "started_at": time.time(), "updated_at": time.time(), "step": step, "steps": steps,
+                        "message": ""}
+
+    def start(self) -> "StatusWriter":
+        self._write()
+        self._thread = threading.Thread(target=self._beat, name="rlf-status-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def step(self, step: int) -> None:
+        """``step`` is finished (written at once, not at the next heartbeat)."""
+        self._write(step=step)
+
+    def end(self, state: Literal["finished", "failed", "interrupted"], message: str = "") -> None:
+        """The run's end; the heartbeat stops first, so it cannot overwrite it."""
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._write(state=state, message=message)
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._heartbeat_s):
+            try:
+                self._write()
+            except OSError:  # a full disk or a removed run directory: the run itself decides what that means
+                pass
+
+    def _write(self, **changes: object) -> None:
+        with self._lock:
+            if self._record["state"] != "running":
+                return  # ended: nothing after the end
+            self._record.update(changes, updated_at=time.time())
+            write_text_atomic(self._path, json.dumps(self._record) + "\n")
+
+
+def read_status(run_dir: str | os.PathLike[str], *, now: float | None = None) -> RunStatus:
+    """``run_dir``'s status (see the module docstring); never raises for a run's files."""
+    run_dir = Path(run_dir)
+    now = time.time() if now is None else now
+    path = run_dir / STATUS_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return _status_from_metrics(run_dir)
+    except OSError as exc:
+        return RunStatus("unknown", message=f"{STATUS_FILE}: cannot be read ({exc.strerror or exc})")
+    try:
+        record = json.loads(text)
+        status = RunStatus(state=record["state"], step=_int_or_none(record.get("step")),
+                           steps=_int_or_none(record.get("steps")), pid=_int_or_none(record.get("pid")),
+                           host=str(record.get("host", "")), started_at=_float_or_none(record.get("started_at")),
+                           updated_at=_float_or_none(record.get("updated_at")), message=str(record.get("message", "")))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        return RunStatus("unknown", message=f"{STATUS_FILE}: malformed ({type(exc).__name__}: {exc})")
+    if status.state not in ("running", "finished", "failed", "interrupted"):
+        return RunStatus("unknown", message=f"{STATUS_FILE}: unknown state {status.state!r}")
+    if status.state != "running":
+        return status
+    if status.host == socket.gethostname() and status.pid is not None and not _process_exists(status.pid):
+        return _died(status, f"its process {status.pid} is gone")
+    if status.updated_at is None or now - status.updated_at > STALE_AFTER_S:
+        age = "never" if status.updated_at is None else f"{now - status.updated_at:.0f} s ago"
+        return _died(status, f"its last heartbeat was {age}")
+    return status
+
+
+def _died(status: RunStatus, why: str) -> RunStatus:
+    step = f"; step {status.step} is the last finished" if status.step else ""
+    return RunStatus(**{**asdict(status), "state": "died",
+                        "message": f"stopped without a word ({why}: killed or out of memory?){step}"})
+
+
+def _status_from_metrics(run_dir: Path) -> RunStatus:
+    """A run made before ``status.json``: finished when its metrics reached the configured steps."""
+    steps = last = None
+    try:
+        import yaml
+
+        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        steps = int(config["train"]["steps"])
+        with open(run_dir / "metrics.jsonl", encoding="utf-8") as lines:
+            for line in lines:
+                try:
+                    last = int(json.loads(line)["step"])
+                except (ValueError, TypeError, KeyError):
+                    continue  # a torn last line
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        return RunStatus("unknown", steps=steps, step=last,
+                         message=f"no {STATUS_FILE} (a run from before it) and {type(exc).__name__}: {exc}")
+    if last is not None and last >= steps:
+        return RunStatus("finished", step=last, steps=steps)
+    return RunStatus("unknown", step=last, steps=steps,
+                     message=f"no {STATUS_FILE} (a run from before it): stopped or still running at step {last}")
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def _float_or_none(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]

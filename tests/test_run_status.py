@@ -1,0 +1,111 @@
+"""A run's ``status.json`` (rlfactory_core.run_status): the heartbeat a live run keeps, how it
+ended, and a run killed without a word told apart from a running one. The writer and reader on
+their own here; through real runs: finished and failed here, interrupted by Ctrl-C and killed
+with SIGKILL in tests/test_stopping.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlfactory_core.config import load_config
+from rlfactory_core.run_status import STALE_AFTER_S, STATUS_FILE, StatusWriter, read_status
+from rlfactory_core.testing import train
+
+
+def _wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_live_run_beats_records_its_steps_and_its_end_is_final(tmp_path):
+    writer = StatusWriter(tmp_path, steps=8, heartbeat_s=0.05).start()
+    first = read_status(tmp_path)
+    assert (first.state, first.step, first.steps, first.host) == ("running", 0, 8, socket.gethostname())
+    _wait_until(lambda: read_status(tmp_path).updated_at > first.updated_at)  # the heartbeat rewrites it
+    writer.step(3)
+    assert read_status(tmp_path).step == 3
+    writer.end("interrupted", "step 3 is saved; continue with `rlf train --resume RUN`")
+    ended = json.loads((tmp_path / STATUS_FILE).read_text())
+    time.sleep(0.2)  # four heartbeats' time: none may overwrite the end
+    assert json.loads((tmp_path / STATUS_FILE).read_text()) == ended
+    status = read_status(tmp_path, now=ended["updated_at"] + 10 * STALE_AFTER_S)  # an end never goes stale
+    assert (status.state, status.step, status.message) == ("interrupted", 3, ended["message"])
+    writer.step(4)  # after the end: ignored
+    assert read_status(tmp_path).step == 3
+
+
+def _status_file(path, **fields):
+    record = {"version": 1, "state": "running", "pid": 1, "host": "elsewhere", "started_at": 100.0,
+              "updated_at": 1000.0, "step": 5, "steps": 8, "message": "", **fields}
+    (path / STATUS_FILE).write_text(json.dumps(record))
+
+
+def test_running_until_the_heartbeat_is_stale_or_the_process_is_gone(tmp_path):
+    _status_file(tmp_path)  # another host's run: only its heartbeat says whether it lives
+    assert read_status(tmp_path, now=1000.0 + STALE_AFTER_S - 1).state == "running"
+    died = read_status(tmp_path, now=1000.0 + STALE_AFTER_S + 1)
+    assert died.state == "died" and died.step == 5
+    assert died.message == ("stopped without a word (its last heartbeat was 61 s ago: killed or out of memory?); "
+                            "step 5 is the last finished")
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    _status_file(tmp_path, host=socket.gethostname(), pid=gone.pid, updated_at=time.time())
+    died = read_status(tmp_path)  # on this host the heartbeat need not go stale first
+    assert died.state == "died" and f"its process {gone.pid} is gone" in died.message
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"version": 1, "state": "runn', "malformed (JSONDecodeError"),  # torn
+    ("[1, 2]", "malformed (TypeError"),
+    ('{"version": 1}', "malformed (KeyError"),
+    ('{"state": "running", "step": "three"}', "malformed (ValueError"),
+    ('{"state": "paused"}', "unknown state 'paused'"),
+])
+def test_a_torn_or_malformed_file_is_unknown_with_the_reason(tmp_path, text, reason):
+    (tmp_path / STATUS_FILE).write_text(text)
+    status = read_status(tmp_path)
+    assert status.state == "unknown" and status.message.startswith(f"{STATUS_FILE}: {reason}")
+
+
+def test_a_run_from_before_the_file_is_judged_by_its_metrics(tmp_path):
+    (tmp_path / "config.yaml").write_text("train:\n  steps: 3\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"st')
+    unfinished = read_status(tmp_path)
+    assert unfinished.state == "unknown" and (unfinished.step, unfinished.steps) == (1, 3)
+    assert "still running at step 1" in unfinished.message
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 3}\n')
+    assert read_status(tmp_path).state == "finished"
+    assert read_status(tmp_path / "nothing").state == "unknown"  # no files at all: no exception
+
+
+def _tiny_run(tmp_path, tiny_model_dir, *extra):
+    return load_config([], ["backend=hf", f"model.name={tiny_model_dir}", "train.steps=2", "grpo.prompts_per_step=1",
+                            "grpo.group_size=2", "data.eval_size=1", "eval.every=0", "eval.save_samples=0",
+                            "rollout.max_turns=1", "rollout.max_tokens_per_turn=4", "logging.live=off",
+                            "logging.tensorboard=false", f"run_dir={tmp_path / 'run'}", *extra])
+
+
+def test_a_finished_run_says_so_with_its_last_step(tmp_path, tiny_model_dir):
+    run_dir = train(_tiny_run(tmp_path, tiny_model_dir))
+    status = read_status(run_dir)
+    assert (status.state, status.step, status.steps, status.message) == ("finished", 2, 2, "")
+
+
+def test_a_failed_run_says_why(tmp_path, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "samples").write_text("a file where the directory of evaluation samples goes")
+    with pytest.raises(OSError):
+        train(_tiny_run(tmp_path, tiny_model_dir, "train.steps=1", "eval.save_samples=1"))
+    status = read_status(run_dir)
+    assert status.state == "failed" and status.step == 0
+    assert status.message.startswith(("FileExistsError", "NotADirectoryError")), status.message
