@@ -83,11 +83,15 @@ class StatusWriter:
         self._write(step=step)
 
     def end(self, state: Literal["finished", "failed", "interrupted"], message: str = "") -> None:
-        """The run's end; the heartbeat stops first, so it cannot overwrite it."""
+        """The run's end; the heartbeat stops first, so it cannot overwrite it. A write that
+        fails (a full disk) is left: it must not hide the error that ended a failed run."""
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._write(state=state, message=message)
+        try:
+            self._write(state=state, message=message)
+        except OSError:
+            pass
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._heartbeat_s):
@@ -148,13 +152,10 @@ def _status_from_metrics(run_dir: Path) -> RunStatus:
         import yaml
 
         config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        from .metrics import read_metrics  # skips a torn last line
+
         steps = int(config["train"]["steps"])
-        with open(run_dir / "metrics.jsonl", encoding="utf-8") as lines:
-            for line in lines:
-                try:
-                    last = int(json.loads(line)["step"])
-                except (ValueError, TypeError, KeyError):
-                    continue  # a torn last line
+        last = max((int(record["step"]) for record in read_metrics(run_dir)), default=None)
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
         return RunStatus("unknown", steps=steps, step=last,
                          message=f"no {STATUS_FILE} (a run from before it) and {type(exc).__name__}: {exc}")
