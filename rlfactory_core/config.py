@@ -208,6 +208,10 @@ class LoggingSection(_Section):
 
     _live_on_off = pydantic.field_validator("live", mode="before")(_yaml_on_off)
     no_tool_call_warning: bool = _field(True, "warn when a step makes no tool call although tools are offered")
+    record_train_groups: int = _field(
+        2, "whole groups of training trajectories recorded token by token each step "
+           "(RUN_DIR/trajectories/train, read by `rlf ui`); 0 = none", ge=0)
+    record_eval: bool = _field(True, "record every eval trajectory token by token (RUN_DIR/trajectories/eval)")
 
 
 class RayRole(_Section):

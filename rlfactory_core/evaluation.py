@@ -68,10 +68,12 @@ async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | No
 
 
 async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunConfig, out_dir: Path | None,
-                   tokenizer: Any) -> dict[str, float]:
+                   tokenizer: Any, *, record_in: Path | None = None, record_kind: str = "eval") -> dict[str, float]:
     """``eval/*`` metrics of one greedy pass over ``samples`` (``engine``: anything with the
     engine protocol's ``rollout``); the first ``eval.save_samples`` trajectories are written
-    to ``out_dir/step-<step>.jsonl``."""
+    to ``out_dir/step-<step>.jsonl``; with ``record_in`` (a run directory) and
+    ``logging.record_eval``, every trajectory is recorded token by token there
+    (:mod:`rlfactory_core.records`, kind ``record_kind``)."""
     from .rollout import rollout_metrics
 
     trajectories, scored, _ = await engine.rollout(
@@ -81,6 +83,12 @@ async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunCo
     metrics.update(tool_metrics("eval/tools", rollout_stats, trajectories))
     metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_stats.items()})
     metrics.update(accuracy_by_kind("eval/reward/accuracy", trajectories, samples, scored.correct))
+    if record_in is not None and config.logging.record_eval:
+        from .records import trajectory_records, write_records
+
+        write_records(record_in, record_kind, step, trajectory_records(
+            trajectories, step=step, kind=record_kind, scored=scored, tokenizer=tokenizer, policy_version=step,
+            row_samples=[samples[t.group] if t.group is not None else None for t in trajectories]))
     if out_dir is not None and config.eval.save_samples:
         _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],
                       samples, scored, tokenizer)

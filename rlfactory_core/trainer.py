@@ -103,6 +103,7 @@ from .metrics import LiveView, MetricsLogger, read_metrics
 from .models import check_images, load_tokenizer, resolve_model
 from .plugins import notify
 from .preflight import raise_problems, run_problems
+from .records import trajectory_records, write_records
 from .rollout import rollout_metrics
 from .run_status import StatusWriter
 from .runs import new_run_dir, write_run_files
@@ -225,7 +226,8 @@ async def _run(config: RunConfig, task: Any, run_dir: Path, checkpoint: Path | N
             raise asyncio.CancelledError
 
     async def evaluate(at_step: int) -> dict[str, float]:
-        return await stop.droppable(run_eval(at_step, eval_samples, engine, config, run_dir / "samples", tokenizer))
+        return await stop.droppable(run_eval(at_step, eval_samples, engine, config, run_dir / "samples", tokenizer,
+                                             record_in=run_dir))
 
     try:
         with view:
@@ -241,8 +243,9 @@ async def _run(config: RunConfig, task: Any, run_dir: Path, checkpoint: Path | N
                                                 view)
                     if config.cold_start.eval and metrics["cold_start/examples"]:  # else: the model of step 0
                         view.phase("eval")
-                        evaluated = await stop.droppable(run_eval(0, eval_samples, engine, config,
-                                                                  run_dir / "samples" / "cold_start", tokenizer))
+                        evaluated = await stop.droppable(run_eval(
+                            0, eval_samples, engine, config, run_dir / "samples" / "cold_start", tokenizer,
+                            record_in=run_dir, record_kind="cold_start_eval"))
                         metrics.update({f"cold_start/{key}": value for key, value in evaluated.items()})
                         view.message(f"eval after the cold start alone: {eval_summary(evaluated)}")
                     logger.log(0, metrics)
@@ -268,7 +271,15 @@ async def _run(config: RunConfig, task: Any, run_dir: Path, checkpoint: Path | N
                 t = time.perf_counter()
                 batch = build_batch(trajectories, scored.totals, config, pad_id, processor,
                                     reward_turn_rewards=scored.turn_rewards)
+                # the first groups are recorded token by token; the update leaves their logprobs
+                # before it in the batch (rlfactory_core.records)
+                marks = [t.group < config.logging.record_train_groups for t in trajectories]
+                recorded = [row for row, mark in enumerate(marks) if mark]
+                if recorded:
+                    batch["recorded"] = batch["lengths"].new_tensor(marks).bool()
                 train_stats = await engine.update(batch, step)
+                if recorded:
+                    _record_train_rows(run_dir, step, trajectories, scored, samples, batch, recorded, tokenizer)
                 advantages, batch_tokens = batch["sequence_advantages"], float(batch["attention_mask"].sum())
                 del batch
                 state["position"] += len(samples)  # every prompt rolled out, kept or not
@@ -356,6 +367,18 @@ async def _rollout_batch(engine: Any, config: RunConfig, step: int, train_sample
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
     return assembler.assemble(), samples, times
+
+
+def _record_train_rows(run_dir: Path, step: int, trajectories: Sequence[Any], scored: Any, samples: Sequence[Any],
+                       batch: Any, rows: list[int], tokenizer: Any) -> None:
+    """The recorded groups of the step, token by token, with what the update saw
+    (:mod:`rlfactory_core.records`); sampled by the weights of ``step - 1`` updates."""
+    by_id = {str(s.get("id")): s for s in samples if hasattr(s, "get")}
+    write_records(run_dir, "train", step, trajectory_records(
+        trajectories, step=step, kind="train", scored=scored, tokenizer=tokenizer, policy_version=step - 1,
+        row_samples=[by_id.get(str(t.sample_id)) for t in trajectories], rows=rows,
+        advantages=batch["sequence_advantages"], token_advantages=batch["advantages"],
+        trainer_logprobs=batch.get("trainer_logprobs", None)))
 
 
 async def _cold_start(engine: Any, task: Any, config: RunConfig, train_samples: Sequence[Any], tokenizer: Any,

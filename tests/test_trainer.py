@@ -27,6 +27,7 @@ from rlfactory_core.config import load_config
 from rlfactory_core.hookspecs import hookimpl
 from rlfactory_core.testing import registered_plugin, train
 from rlfactory_core.metrics import read_metrics
+from rlfactory_core.records import RunRecords
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.types import Segment, Trajectory
 
@@ -343,6 +344,17 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
     sample_lines = (run_dir / "samples" / "step-000002.jsonl").read_text().splitlines()
     assert len(sample_lines) == 2 and "<|im_start|>assistant" in json.loads(sample_lines[0])["text"]
     assert latest_checkpoint(run_dir).name == "step-000002"
+    # recorded token by token (rlfactory_core.records): all eval trajectories every eval, the
+    # first logging.record_train_groups (2) whole groups of each step with the update's logprobs
+    recorded = RunRecords(run_dir)
+    assert recorded.steps("eval") == [0, 1, 2] and recorded.steps("train") == [1, 2]
+    assert len(recorded.list("eval", 2)) == 4 and len(recorded.list("train", 1)) == 4
+    one = recorded.trajectory("train", 1, 0)
+    sequence = one["sequences"][0]
+    model_at = [i for i, m in enumerate(sequence["loss_mask"]) if m]
+    assert model_at and one["policy_version"] == 0 and one["advantage"] is not None
+    # the trainer scored the sampled tokens of the same weights: near the sampler's logprobs
+    assert all(abs(sequence["trainer_logprob"][i] - sequence["sampler_logprob"][i]) < 0.05 for i in model_at)
 
     # the same run, continued: two more steps, the data order of an uninterrupted run
     longer = load_config([run_dir / "config.yaml"], ["train.steps=4"])

@@ -51,7 +51,8 @@ class Engine(Protocol):
 
     async def update(self, batch: Any, step: int) -> dict[str, float]:
         """The optimizer steps on ``batch`` (:mod:`rlfactory_core.training.batch`) at
-        ``step``; their statistics (``train/*``)."""
+        ``step``; their statistics (``train/*``). When the batch has ``recorded`` rows, it
+        is left with their ``trainer_logprobs`` before the update (what the run records)."""
 
     async def supervised_update(self, batch: Any) -> dict[str, float]:
         """The cold start's warm-up (:mod:`rlfactory_core.training.cold_start`): cross-entropy

@@ -3,8 +3,9 @@
 The batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per trajectory,
 right-padded): ``input_ids``, ``attention_mask``, ``loss_mask``, ``sampler_logprobs`` and
 ``advantages`` ([B, L]), ``lengths``, ``prompt_lengths`` and ``sequence_advantages`` ([B]); with images, their
-model inputs (``image_inputs``, ``image_counts``). The update adds ``old_logprobs`` and
-``ref_logprobs``. Micro-batches are row selections of it (trajectories of similar length,
+model inputs (``image_inputs``, ``image_counts``); ``recorded`` ([B], the rows the run records
+token by token, when it records any). The update adds ``old_logprobs`` and ``ref_logprobs``,
+and for recorded rows ``trainer_logprobs``. Micro-batches are row selections of it (trajectories of similar length,
 at most ``grpo.micro_batch_tokens`` tokens), narrowed to their longest row, and each is fed
 to the model padded or packed (``grpo.packing``, :mod:`.logprobs`).
 """

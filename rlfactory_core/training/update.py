@@ -120,7 +120,11 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     loss normalisers are the whole batch's, as here; each rank back-propagates its share of
     the micro-batches and FSDP sums the ranks' gradients (the ray engine sets it to sum, not
     average), so the gradient, the clipping and the step are the ones a single process
-    computes (tested for parity)."""
+    computes (tested for parity).
+
+    A batch with ``recorded`` (``[B]``, the rows the run records token by token) gets
+    ``trainer_logprobs`` (``[B, L]``): those rows' logprobs under the policy before this
+    update (zeros in other rows)."""
     import torch
 
     from .grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
@@ -130,6 +134,13 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     on_policy = g.epochs * g.mini_batches == 1
     if not on_policy:
         batch["old_logprobs"] = batch_logprobs(model, batch, rows, config, packed, dp)
+    # The recorded rows' logprobs before the update (rlfactory_core.records), for the trainer
+    # to read back: the old logprobs, or, on policy, the first pass's own (detached).
+    recorded = batch["recorded"].bool() if "recorded" in batch.keys() else None
+    if recorded is not None and not on_policy:
+        batch["trainer_logprobs"] = batch["old_logprobs"] * recorded[:, None]
+    kept = torch.zeros(batch["loss_mask"].shape, dtype=torch.float32) \
+        if recorded is not None and on_policy and bool(recorded.any()) else None
     if g.kl_coef > 0:  # the reference: a frozen copy, or the LoRA policy with its adapters off
         with reference.scoring() as scorer:
             batch["ref_logprobs"] = batch_logprobs(scorer, batch, rows, config, packed, dp)
@@ -146,7 +157,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     shared = shares_prompts(config, batch, packed, model)
     ranks = dp.world
     shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
-    for _epoch in range(g.epochs):
+    for epoch in range(g.epochs):
         order = list(rows)
         shuffler.shuffle(order)
         size = math.ceil(len(order) / g.mini_batches)
@@ -168,6 +179,10 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
                                                       temperature=config.rollout.sampling.temperature,
                                                       shared_prefix=shared)
                 old = logprobs.detach() if on_policy else micro["old_logprobs"]
+                if kept is not None and real and epoch == 0:
+                    for i, row in enumerate(micro_rows):
+                        if recorded[row]:
+                            kept[row, :old.shape[1]] = old[i].float().cpu()
                 sampler = micro["sampler_logprobs"]
                 weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
                 per_token, stats = policy_loss(logprobs, old, micro["advantages"], mask, clip_low=g.clip_low,
@@ -205,6 +220,9 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
             optimizer.step()
             counts["train/loss"] += 1 / ranks
             sums["train/optimizer_steps"] += 1 / ranks
+    if kept is not None:
+        dp.combine_rows(kept, model)
+        batch["trainer_logprobs"] = kept
     sums, counts = dp.combine_statistics(sums, counts)
     out = {}
     for key, total in sums.items():

@@ -95,9 +95,10 @@ class TrainerWorker:
             self.scheduler.load_state_dict(torch.load(Path(checkpoint) / "scheduler.pt", weights_only=False))
             set_rng_state(torch.load(Path(checkpoint) / "rng.pt", weights_only=False))
 
-    def update(self, batch: Any, step: int) -> dict[str, float]:
+    def update(self, batch: Any, step: int) -> tuple[dict[str, float], Any]:
         """One update of the group (a Ray actor runs its calls on one thread: the update
-        stays on it, as the engine protocol asks)."""
+        stays on it, as the engine protocol asks); its statistics and the recorded rows'
+        logprobs before it (``trainer_logprobs``, None when no row is recorded)."""
         from ...training.policy import return_freed_memory
         from ...training.update import update_policy
 
@@ -106,7 +107,7 @@ class TrainerWorker:
         return_freed_memory()
         self.scheduler.step()
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
-        return stats
+        return stats, batch.get("trainer_logprobs", None)
 
     def supervised_update(self, batch: Any) -> dict[str, float]:
         """The group's cold-start warm-up (:mod:`rlfactory_core.training.cold_start`), with an

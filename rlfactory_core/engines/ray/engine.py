@@ -334,8 +334,11 @@ class RayEngine:
 
     async def update(self, batch: Any, step: int) -> dict[str, float]:
         batch_ref = ray.put(batch)
-        stats = await self._trainer_call("the update", [t.update.remote(batch_ref, step) for t in self.trainers])
-        return stats[0]
+        results = await self._trainer_call("the update", [t.update.remote(batch_ref, step) for t in self.trainers])
+        stats, trainer_logprobs = results[0]
+        if trainer_logprobs is not None:  # the engine protocol: as the local engine's update leaves it
+            batch["trainer_logprobs"] = trainer_logprobs
+        return stats
 
     async def supervised_update(self, batch: Any) -> dict[str, float]:
         batch_ref = ray.put(batch)

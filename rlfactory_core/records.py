@@ -1,0 +1,357 @@
+"""Recorded trajectories: what the run trained on and was evaluated on, token by token.
+
+A run writes one zstd-compressed Parquet file per step and kind into its directory::
+
+    trajectories/train/step-000012.parquet       # logging.record_train_groups whole groups
+    trajectories/eval/step-000010.parquet        # every eval trajectory (logging.record_eval)
+    trajectories/cold_start_eval/step-000000.parquet
+
+Why Parquet: a step's trajectories are written once and never changed, so "appendable" means a
+new file per step (written atomically: a reader sees a whole file or none, and a killed run
+loses at most the step it was writing). Columnar storage lets a list of 100k trajectories read
+only the small scalar columns (reward, stop reason, ...) without touching the token arrays,
+zstd shrinks the token arrays ~4x, and any Arrow reader (pandas, polars, DuckDB) opens it
+without this package. JSONL would have to parse every token to list a step.
+
+**Schema** (:data:`SCHEMA_VERSION` 1; every file's metadata carries ``rlfactory.schema_version``),
+one row per trajectory:
+
+- ``step`` (the training step it belongs to), ``kind`` (``train``, ``eval``,
+  ``cold_start_eval``), ``index`` (its row in the file), ``sample_id``, ``group`` (its group in
+  the step's batch; -1 for eval), ``policy_version`` (the number of updates behind the weights
+  that sampled it);
+- ``reward``, ``rewards`` (each reward and component, ``name -> value``), ``reward_errors``,
+  ``correct`` (null: no reward said), ``turn_rewards``, ``advantage`` (the trajectory's;
+  null for eval);
+- ``stop_reason``, ``outcome`` (``ok`` or ``error``: the episode ended on an env or generation
+  error; the classes of failure-aware training will refine it), ``error`` (why, when it did),
+  ``final_answer``, ``expected`` (JSON), ``num_turns``, ``tool_error_kinds``;
+- ``messages``: the conversation (``role``, ``content``, ``name``, ``tool_call_id``,
+  ``tool_calls`` as JSON); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
+  ``id``, ``turn``, ``result``, ``error`` (its kind), ``latency_s``;
+- ``sequences``: the token sequences the trajectory is made of (one today; templates that drop
+  past reasoning and agents that rewrite their history make several), each with per-token
+  arrays ``token_ids``, ``pieces`` (each token decoded alone: a character split over tokens
+  shows as U+FFFD), ``segment`` (0 prompt, 1 model, 2 observation), ``turn`` (the model turn
+  the token belongs to or follows; -1 for the prompt), ``loss_mask``, ``sampler_logprob``,
+  ``trainer_logprob`` (the trainer's before the update; null where not computed: eval, tokens
+  the model did not write), ``advantage`` (per token, turn rewards included) and
+  ``policy_version`` (of the weights that sampled it; -1 for tokens the model did not write);
+- ``metadata``: the trajectory's own metadata as JSON.
+
+:class:`RunRecords` reads a run's records (and, for runs made before them, the text samples
+``samples/step-N.jsonl``, as text-only trajectories). A torn or malformed file raises
+:class:`RecordError` naming it, for that file only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ._fs import fsync_dir, temp_path_beside
+from .errors import RLFactoryError
+
+__all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
+           "SCALAR_COLUMNS", "PROMPT", "MODEL", "OBSERVATION"]
+
+SCHEMA_VERSION = 1
+RECORDS_DIR = "trajectories"
+PROMPT, MODEL, OBSERVATION = 0, 1, 2
+#: What a list of trajectories reads: everything but the conversation and the token arrays.
+SCALAR_COLUMNS = ["step", "kind", "index", "sample_id", "group", "policy_version", "reward", "correct",
+                  "advantage", "stop_reason", "outcome", "num_turns", "num_tokens", "tool_error_kinds",
+                  "final_answer"]
+_FILE = re.compile(r"^step-(\d{6,})\.(parquet|jsonl)$")
+
+
+class RecordError(RLFactoryError):
+    """A recorded-trajectory file that cannot be read (torn, malformed, another schema)."""
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    floats, ints = pa.list_(pa.float32()), pa.list_(pa.int32())
+    sequence = pa.struct([("token_ids", ints), ("pieces", pa.list_(pa.string())), ("segment", pa.list_(pa.int8())),
+                          ("turn", pa.list_(pa.int16())), ("loss_mask", pa.list_(pa.int8())),
+                          ("sampler_logprob", floats), ("trainer_logprob", floats), ("advantage", floats),
+                          ("policy_version", ints)])
+    message = pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string()),
+                         ("tool_call_id", pa.string()), ("tool_calls", pa.string())])
+    call = pa.struct([("name", pa.string()), ("arguments", pa.string()), ("id", pa.string()), ("turn", pa.int16()),
+                      ("result", pa.string()), ("error", pa.string()), ("latency_s", pa.float64())])
+    return pa.schema([
+        ("step", pa.int32()), ("kind", pa.string()), ("index", pa.int32()), ("sample_id", pa.string()),
+        ("group", pa.int32()), ("policy_version", pa.int32()), ("reward", pa.float64()),
+        ("rewards", pa.map_(pa.string(), pa.float64())), ("reward_errors", pa.list_(pa.string())),
+        ("correct", pa.bool_()), ("turn_rewards", pa.list_(pa.float64())), ("advantage", pa.float64()),
+        ("stop_reason", pa.string()), ("outcome", pa.string()), ("error", pa.string()),
+        ("final_answer", pa.string()), ("expected", pa.string()), ("num_turns", pa.int16()),
+        ("num_tokens", pa.int32()), ("tool_error_kinds", pa.list_(pa.string())),
+        ("messages", pa.list_(message)), ("tool_calls", pa.list_(call)), ("sequences", pa.list_(sequence)),
+        ("metadata", pa.string()),
+    ], metadata={"rlfactory.schema_version": str(SCHEMA_VERSION)})
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, scored: Any,
+                       row_samples: Sequence[Any], tokenizer: Any, policy_version: int,
+                       rows: Iterable[int] | None = None, advantages: Any = None, token_advantages: Any = None,
+                       trainer_logprobs: Any = None) -> list[dict[str, Any]]:
+    """The records of ``trajectories[rows]`` (all by default), scored by ``scored`` (a
+    :class:`~rlfactory_core.rewards.ScoredBatch` of all of them). ``row_samples``: each
+    trajectory's sample (None where unknown), for its expected answer. For training rows, the
+    batch's ``advantages`` ``[B]`` and ``token_advantages`` / ``trainer_logprobs`` ``[B, L]``
+    (the batch's rows are the trajectories'). ``policy_version``: the number of updates behind
+    the weights that sampled them."""
+    pieces = _PieceCache(tokenizer)
+    records = []
+    for index, row in enumerate(range(len(trajectories)) if rows is None else rows):
+        trajectory, sample = trajectories[row], row_samples[row]
+        expected = sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None
+        sequence = _sequence(trajectory, pieces, policy_version,
+                             None if token_advantages is None else token_advantages[row].tolist(),
+                             None if trainer_logprobs is None else trainer_logprobs[row].tolist())
+        error = trajectory.metadata.get("error")
+        records.append({
+            "step": step, "kind": kind, "index": index, "sample_id": str(trajectory.sample_id),
+            "group": -1 if kind != "train" or trajectory.group is None else int(trajectory.group),
+            "policy_version": policy_version, "reward": float(scored.totals[row]),
+            "rewards": {str(k): float(v) for k, v in scored.components[row].items()},
+            "reward_errors": list(scored.reward_errors[row]), "correct": scored.correct[row],
+            "turn_rewards": [float(r) for r in trajectory.turn_rewards],
+            "advantage": None if advantages is None else float(advantages[row]),
+            "stop_reason": trajectory.stop_reason,
+            "outcome": "error" if trajectory.stop_reason in ("env_error", "generation_error") else "ok",
+            "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
+            "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
+            "num_turns": trajectory.num_turns, "num_tokens": len(sequence["token_ids"]),
+            "tool_error_kinds": sorted(trajectory.metadata.get("tool_errors", {})),
+            "messages": [_message(m) for m in trajectory.messages], "tool_calls": _calls(trajectory),
+            "sequences": [sequence],
+            "metadata": json.dumps({k: v for k, v in trajectory.metadata.items()}, ensure_ascii=False, default=str),
+        })
+    return records
+
+
+def write_records(run_dir: str | os.PathLike[str], kind: str, step: int, records: Sequence[dict[str, Any]]) -> Path:
+    """``records`` as ``RUN_DIR/trajectories/<kind>/step-<step>.parquet``, written whole or not
+    at all (a temporary file beside it, renamed over it)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory = Path(run_dir) / RECORDS_DIR / kind
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"step-{step:06d}.parquet"
+    table = pa.Table.from_pylist(list(records), schema=_schema())
+    tmp = temp_path_beside(path, "tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as f:  # on disk before the rename publishes it
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(directory)
+    return path
+
+
+class _PieceCache:
+    """Each token id decoded alone, once per id."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.known = tokenizer, {}
+
+    def __call__(self, ids: Sequence[int]) -> list[str]:
+        new = sorted({i for i in ids if i not in self.known})
+        if new:
+            self.known.update(zip(new, self.tokenizer.batch_decode([[i] for i in new])))
+        return [self.known[i] for i in ids]
+
+
+def _sequence(trajectory: Any, pieces: _PieceCache, policy_version: int, token_advantages: list[float] | None,
+              trainer_logprobs: list[float] | None) -> dict[str, list[Any]]:
+    ids = list(trajectory.prompt_ids)
+    segment, turn = [PROMPT] * len(ids), [-1] * len(ids)
+    mask, sampler, versions = [0] * len(ids), [None] * len(ids), [-1] * len(ids)
+    model_turn = -1
+    for part in trajectory.segments:
+        n = len(part.token_ids)
+        ids.extend(part.token_ids)
+        model = part.kind == "model"
+        model_turn += model
+        segment.extend([MODEL if model else OBSERVATION] * n)
+        turn.extend([max(model_turn, 0)] * n)
+        mask.extend([part.loss_mask] * n)
+        sampler.extend(part.logprobs if model and part.logprobs is not None else [None] * n)
+        versions.extend([policy_version if model else -1] * n)
+
+    def on_model_tokens(values: list[float] | None) -> list[float | None]:
+        if values is None:
+            return [None] * len(ids)
+        return [values[i] if segment[i] == MODEL and i < len(values) else None for i in range(len(ids))]
+
+    trained = on_model_tokens(trainer_logprobs)
+    if trainer_logprobs is not None and not any(mask):  # a row without loss: the update never scored it
+        trained = [None] * len(ids)
+    return {"token_ids": ids, "pieces": pieces(ids), "segment": segment, "turn": turn, "loss_mask": mask,
+            "sampler_logprob": sampler, "trainer_logprob": trained, "advantage": on_model_tokens(token_advantages),
+            "policy_version": versions}
+
+
+def _message(message: Any) -> dict[str, Any]:
+    calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in message.tool_calls]
+    return {"role": str(message.role), "content": message.content if isinstance(message.content, str)
+            else json.dumps(message.content, default=str), "name": message.name,
+            "tool_call_id": message.tool_call_id,
+            "tool_calls": json.dumps(calls, ensure_ascii=False, default=str) if calls else None}
+
+
+def _calls(trajectory: Any) -> list[dict[str, Any]]:
+    """Each tool call with its result: by call id where the results have them, else in order."""
+    by_id = {r.call_id: r for r in trajectory.tool_results if r.call_id}
+    in_order = list(trajectory.tool_results)
+    turns = []
+    for turn, message in enumerate(m for m in trajectory.messages if m.role == "assistant"):
+        turns += [turn] * len(message.tool_calls)
+    calls = []
+    for i, call in enumerate(trajectory.tool_calls):
+        result = by_id.get(call.id) if call.id else None
+        if result is None and not by_id and i < len(in_order):
+            result = in_order[i]
+        calls.append({"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False, default=str),
+                      "id": call.id, "turn": turns[i] if i < len(turns) else None,
+                      "result": None if result is None else result.content,
+                      "error": None if result is None else result.error,
+                      "latency_s": None if result is None else float(result.latency_s)})
+    return calls
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class RunRecords:
+    """The recorded trajectories of one run directory.
+
+    ``kinds()`` and ``steps(kind)`` say what there is; ``list(kind, step)`` gives the scalar
+    columns of a step's trajectories (:data:`SCALAR_COLUMNS`), ``trajectory(kind, step,
+    index)`` one whole record. A run made before records has its eval text samples
+    (``samples/step-N.jsonl``, kind ``eval``; ``samples/cold_start``, kind
+    ``cold_start_eval``): their records have no ``sequences`` (``"text"`` holds the
+    conversation as the model saw it) and ``"text_only": True``.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]):
+        self.run_dir = Path(run_dir)
+
+    def _dirs(self, kind: str) -> list[Path]:
+        legacy = {"eval": self.run_dir / "samples", "cold_start_eval": self.run_dir / "samples" / "cold_start"}
+        return [self.run_dir / RECORDS_DIR / kind] + ([legacy[kind]] if kind in legacy else [])
+
+    def kinds(self) -> list[str]:
+        found = {p.name for p in (self.run_dir / RECORDS_DIR).iterdir() if p.is_dir()} \
+            if (self.run_dir / RECORDS_DIR).is_dir() else set()
+        found |= {kind for kind in ("eval", "cold_start_eval") if self.steps(kind)}
+        order = ["train", "eval", "cold_start_eval"]
+        return sorted(found, key=lambda k: (order.index(k) if k in order else len(order), k))
+
+    def files(self, kind: str) -> dict[int, Path]:
+        """Step -> its file (a Parquet record beats a text sample of the same step)."""
+        found: dict[int, Path] = {}
+        for directory in reversed(self._dirs(kind)):
+            if not directory.is_dir():
+                continue
+            for path in directory.iterdir():
+                match = _FILE.match(path.name)
+                if match and path.is_file():
+                    found[int(match.group(1))] = path
+        return dict(sorted(found.items()))
+
+    def steps(self, kind: str) -> list[int]:
+        return list(self.files(kind))
+
+    def _path(self, kind: str, step: int) -> Path:
+        path = self.files(kind).get(step)
+        if path is None:
+            raise RecordError(f"{self.run_dir.name}: no {kind} trajectories recorded at step {step}")
+        return path
+
+    def list(self, kind: str, step: int) -> list[dict[str, Any]]:
+        """The scalar columns of every trajectory of ``kind`` at ``step``."""
+        path = self._path(kind, step)
+        if path.suffix == ".jsonl":
+            return [{k: record.get(k) for k in SCALAR_COLUMNS} for record in self._text_samples(path, kind, step)]
+        return self._read(path, SCALAR_COLUMNS).to_pylist()
+
+    def trajectory(self, kind: str, step: int, index: int) -> dict[str, Any]:
+        """The whole record of trajectory ``index`` of ``kind`` at ``step``."""
+        path = self._path(kind, step)
+        if path.suffix == ".jsonl":
+            records = self._text_samples(path, kind, step)
+        else:
+            import pyarrow.compute as pc
+
+            table = self._read(path, None)
+            records = table.filter(pc.equal(table["index"], index)).to_pylist()
+            records = [{**r, "text_only": False} for r in records]
+        found = [r for r in records if r["index"] == index]
+        if not found:
+            raise RecordError(f"{path.name}: no trajectory {index} (it has {len(records)})")
+        return found[0]
+
+    def _read(self, path: Path, columns: list[str] | None) -> Any:
+        import pyarrow.parquet as pq
+
+        try:
+            file = pq.ParquetFile(path)
+            version = (file.schema_arrow.metadata or {}).get(b"rlfactory.schema_version", b"?").decode()
+            if version != str(SCHEMA_VERSION):
+                raise RecordError(f"{path}: schema version {version}; this rlfactory reads version {SCHEMA_VERSION}")
+            return file.read(columns=columns)
+        except RecordError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
+            raise RecordError(f"{path}: not a readable trajectory record ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+    @staticmethod
+    def _text_samples(path: Path, kind: str, step: int) -> list[dict[str, Any]]:
+        """A pre-records run's text samples, shaped like records (no token data)."""
+        records = []
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RecordError(f"{path}: cannot be read ({exc})") from None
+        for number, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                sample = json.loads(line)
+                if not isinstance(sample, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                if number == len(lines) - 1:
+                    continue  # torn by a kill while it was written
+                raise RecordError(f"{path}:{number + 1}: not a JSON object") from None
+            calls = [{"name": c.get("name"), "arguments": json.dumps(c.get("arguments"), ensure_ascii=False),
+                      "id": "", "turn": None, "result": None, "error": None, "latency_s": None}
+                     for c in sample.get("tool_calls") or [] if isinstance(c, dict)]
+            records.append({
+                "step": step, "kind": kind, "index": len(records), "sample_id": str(sample.get("sample_id", "")),
+                "group": -1, "policy_version": step, "reward": sample.get("reward"),
+                "rewards": sample.get("rewards") or {}, "reward_errors": sample.get("reward_errors") or [],
+                "correct": None, "turn_rewards": [], "advantage": None, "stop_reason": sample.get("stop_reason"),
+                "outcome": None, "error": None, "final_answer": sample.get("final_answer"),
+                "expected": json.dumps(sample.get("expected"), ensure_ascii=False),
+                "num_turns": sample.get("turns"), "num_tokens": None, "tool_error_kinds": [],
+                "messages": [], "tool_calls": calls, "sequences": [], "metadata": "{}",
+                "text": sample.get("text", ""), "text_only": True,
+            })
+        return records
