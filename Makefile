@@ -10,9 +10,28 @@ TORCH_VERSION ?= 2.13.0
 PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install test docs check-docs clean
+.PHONY: install browser test docs check-docs clean
 
-install: $(STAMP)
+install: $(STAMP) browser
+
+# The browser tests drive Debian's chromium through its chromium-driver (tests/browser.py);
+# nothing downloads a browser of its own. Checked on every `make install`/`make test` (the
+# stamp above does not cover system packages): instant when both are there, apt otherwise.
+BROWSER_PACKAGES := chromium chromium-driver
+browser:
+	@command -v "$${RLFACTORY_CHROMIUM:-chromium}" >/dev/null && command -v "$${RLFACTORY_CHROMEDRIVER:-chromedriver}" >/dev/null && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null; then sudo=sudo; else \
+		echo "make browser: $(BROWSER_PACKAGES) are missing and installing them needs root;" \
+			"run as root: apt-get install $(BROWSER_PACKAGES)" >&2; exit 1; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "make browser: $(BROWSER_PACKAGES) are missing and there is no apt-get (the browser" \
+			"tests need Debian's packages): install them, or set RLFACTORY_CHROMIUM and" \
+			"RLFACTORY_CHROMEDRIVER to a matching Chromium and chromedriver" >&2; exit 1; fi; \
+	echo "make browser: installing $(BROWSER_PACKAGES) (the browser tests)"; \
+	$$sudo apt-get update && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y $(BROWSER_PACKAGES) \
+		&& chromium --version && chromedriver --version \
+		|| { echo "make browser: installing $(BROWSER_PACKAGES) failed; run as root:" \
+			"apt-get install $(BROWSER_PACKAGES)" >&2; exit 1; }
 
 $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) Makefile
 	$(PYTHON) -m venv $(VENV)

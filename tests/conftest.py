@@ -34,3 +34,13 @@ def rlf(capsys):
         return code, captured.out, captured.err
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """Headless Chromium (tests/browser.py), one per test module: a start takes 0.4-1 s on 2
+    cores, so a module's tests share it (and its cookies and storage). Missing, it fails."""
+    from browser import chromium
+
+    with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
+        yield driver
