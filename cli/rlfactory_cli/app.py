@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     ("train_cmd", "train"),
     ("train_cmd", "eval"),
     ("data_cmd", "data"),
+    ("plot_cmd", "plot"),
 )
 
 
