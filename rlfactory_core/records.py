@@ -300,7 +300,8 @@ class RunRecords:
 
             table = self._read(path, None)
             records = table.filter(pc.equal(table["index"], index)).to_pylist()
-            records = [{**r, "text_only": False} for r in records]
+            # a Parquet map reads back as (key, value) pairs
+            records = [{**r, "rewards": dict(r["rewards"] or ()), "text_only": False} for r in records]
         found = [r for r in records if r["index"] == index]
         if not found:
             raise RecordError(f"{path.name}: no trajectory {index} (it has {len(records)})")

@@ -100,6 +100,7 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
                                      "result": "5", "error": "timeout", "latency_s": 0.25}]
     assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert json.loads(record["messages"][1]["tool_calls"])[0]["arguments"] == {"expr": "2+3"}
+    assert record["rewards"] == {"exact_match": 1.0}
     assert record["turn_rewards"] == [0.0, 0.5] and record["group"] == 0 and not record["text_only"]
     with pytest.raises(RecordError, match="no trajectory 7"):
         run.trajectory("train", 3, 7)

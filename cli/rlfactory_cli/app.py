@@ -32,6 +32,7 @@ _COMMAND_MODULES = (
     ("train_cmd", "eval"),
     ("data_cmd", "data"),
     ("plot_cmd", "plot"),
+    ("ui_cmd", "ui"),
 )
 
 

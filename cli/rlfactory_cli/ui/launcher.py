@@ -1,0 +1,124 @@
+"""Runs the UI starts, stops and resumes: ``rlf train`` as a child process.
+
+A launched run is an ordinary ``rlf train --config RUN_DIR/ui-config.yaml`` in a new session
+(closing the UI or pressing Ctrl-C in its terminal does not stop it), its terminal output in
+``RUN_DIR/console.txt``. Stop sends SIGTERM, which the run answers by finishing or dropping
+its step and checkpointing (rlfactory_core.stopping); resume is ``rlf train --resume RUN_DIR``.
+A process is only signalled when the run's ``status.json`` names it on this host and it is
+still an ``rlf train`` of that run (a pid the system reused for something else is left alone).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlfactory_core.run_status import read_status
+
+from .security import run_dir_of
+
+__all__ = ["Launcher", "LaunchError", "CONFIG_FILE", "CONSOLE_FILE"]
+
+CONFIG_FILE = "ui-config.yaml"
+CONSOLE_FILE = "console.txt"
+
+
+class LaunchError(ValueError):
+    """A launch, stop or resume that cannot be done; the message says why."""
+
+
+class Launcher:
+    """Starts ``rlf train`` runs in ``runs_dir`` and keeps their processes reaped."""
+
+    def __init__(self, runs_dir: str | Path, *, python: str = sys.executable):
+        self.runs_dir = Path(runs_dir).resolve()
+        self.python = python
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.lock = threading.Lock()
+
+    def launch(self, config: dict[str, Any]) -> str:
+        """A new run of ``config`` (validated by the caller); its directory's name."""
+        name = self._new_name(str(config.get("env") or "run"))
+        run_dir = self.runs_dir / name
+        run_dir.mkdir(parents=True)
+        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump({**config, "run_dir": str(run_dir)}, sort_keys=False))
+        self._spawn(name, ["train", "--config", str(run_dir / CONFIG_FILE)], run_dir)
+        return name
+
+    def resume(self, name: str) -> None:
+        run_dir = run_dir_of(self.runs_dir, name)
+        status = read_status(run_dir)
+        if status.state == "running":
+            raise LaunchError(f"{name} is running (pid {status.pid}): stop it first")
+        if not (run_dir / "config.yaml").exists():
+            raise LaunchError(f"{name} has no config.yaml: it never started, so there is nothing to resume")
+        if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
+            raise LaunchError(f"{name} has no checkpoint to resume from")
+        self._spawn(name, ["train", "--resume", str(run_dir)], run_dir)
+
+    def stop(self, name: str) -> int:
+        """SIGTERM to the run's ``rlf train``; its pid."""
+        run_dir = run_dir_of(self.runs_dir, name)
+        status = read_status(run_dir)
+        pid = status.pid
+        if pid is None or status.host not in ("", socket.gethostname()):
+            # just launched: its status.json may not be written yet
+            with self.lock:
+                child = self.children.get(name)
+            if child is None or child.poll() is not None:
+                raise LaunchError(f"{name} is not running ({status.state})")
+            pid = child.pid
+        elif status.state != "running":
+            raise LaunchError(f"{name} is not running ({status.state})")
+        if not self._is_train_of(pid, run_dir):
+            raise LaunchError(f"process {pid} is not {name}'s rlf train: not signalled")
+        os.kill(pid, signal.SIGTERM)
+        return pid
+
+    def close(self) -> None:
+        """Forget the children (they keep running: a run outlives its UI)."""
+        with self.lock:
+            self.children.clear()
+
+    def _new_name(self, env: str) -> str:
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", env)[:60] + "-" + datetime.now().strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", *(f"-{n}" for n in range(2, 1000))):
+            if not (self.runs_dir / f"{stem}{suffix}").exists():
+                return f"{stem}{suffix}"
+        raise LaunchError(f"{stem}-* exist 999 times")
+
+    def _spawn(self, name: str, args: list[str], run_dir: Path) -> None:
+        console = open(run_dir / CONSOLE_FILE, "ab")
+        try:
+            child = subprocess.Popen([self.python, "-m", "rlfactory_cli", *args], stdin=subprocess.DEVNULL,
+                                     stdout=console, stderr=subprocess.STDOUT, cwd=self.runs_dir,
+                                     start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        finally:
+            console.close()
+        with self.lock:
+            self.children[name] = child
+        # reaped when it ends: a zombie would look alive to the status check
+        threading.Thread(target=child.wait, name=f"reap-{name}", daemon=True).start()
+
+    def _is_train_of(self, pid: int, run_dir: Path) -> bool:
+        """Whether ``pid`` (named by the run's status, or launched here) is still an ``rlf
+        train`` (Linux: its command line), not a process that reused the number."""
+        with self.lock:
+            if any(child.pid == pid and child.poll() is None for child in self.children.values()):
+                return True
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return False
+        return "train" in argv and any(Path(arg).name in ("rlf", "rlfactory_cli") or arg == "rlfactory_cli"
+                                       for arg in argv)

@@ -1,0 +1,442 @@
+// rlf ui: one page, four views (runs, a run, a trajectory, a new run), routed by the URL hash.
+// Every value from a run is put in the page as text (textContent), never as HTML.
+"use strict";
+
+const main = document.getElementById("main");
+const tooltip = document.getElementById("tooltip");
+let timer = null;  // the current view's refresh
+
+// ---------------------------------------------------------------- helpers
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (key === "style" && typeof value === "object") Object.assign(el.style, value);
+    else if (key === "dataset") Object.assign(el.dataset, value);
+    else el.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : String(child));
+  }
+  return el;
+}
+
+// replaceChildren with the empty parts (null, undefined, false) left out, not written as "null"
+function put(el, ...children) {
+  el.replaceChildren(...children.flat(Infinity).filter(c => c !== null && c !== undefined && c !== false));
+}
+
+// label/value pairs as a two-column grid (each part its own cell)
+function kv(...parts) {
+  return h("div", {class: "kv"}, parts.map(p => p instanceof Node ? p : h("span", {}, p === null || p === undefined ? "–" : String(p))));
+}
+
+async function api(path, options) {
+  const response = await fetch(path, {credentials: "same-origin", ...(options || {})});
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = {error: `${response.status} ${response.statusText}`}; }
+  if (!response.ok && !(body && (body.errors || body.error))) body = {error: `${response.status} ${response.statusText}`};
+  return {ok: response.ok, status: response.status, body};
+}
+
+function post(path, data) {
+  return api(path, {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify(data || {})});
+}
+
+const fmt = (v, digits = 3) => v === null || v === undefined ? "–" :
+  typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(digits)) : String(v);
+const when = t => t ? new Date(t * 1000).toLocaleString() : "–";
+const enc = encodeURIComponent;
+const runLink = name => `#/run/${enc(name)}`;
+const stateBadge = (state, message) => h("span", {class: `state ${state}`, title: message || state}, state);
+
+function errorList(errors) {
+  const entries = Object.entries(errors || {});
+  if (!entries.length) return "";
+  return h("div", {class: "errors"}, entries.map(([part, message]) => h("div", {}, `${part}: ${message}`)));
+}
+
+function plot(el, traces, layout) {
+  if (!window.Plotly) { el.textContent = "plotly.js did not load"; return; }
+  const {title, ...rest} = layout;
+  Plotly.react(el, traces, {margin: {l: 45, r: 10, t: 32, b: 28}, font: {size: 11},
+                            title: {...title, x: 0.01, xanchor: "left", font: {size: 13}},
+                            legend: {orientation: "h", x: 0, y: -0.12, yanchor: "top"}, showlegend: traces.length > 1,
+                            xaxis: {automargin: true}, yaxis: {automargin: true}, hovermode: "x unified", ...rest},
+               {displaylogo: false, responsive: true, displayModeBar: "hover"});
+}
+
+function every(ms, fn) { clearInterval(timer); timer = setInterval(fn, ms); }
+
+// ---------------------------------------------------------------- runs
+
+async function showRuns() {
+  const table = h("tbody");
+  const selected = new Set();
+  const compareButton = h("button", {id: "compare", disabled: true, onclick: () => compare()}, "Compare selected");
+  const metricSelect = h("select", {id: "compare-metric"},
+    ["eval/reward/accuracy", "eval/reward/mean", "reward/mean", "reward/accuracy", "tools/calls_per_trajectory",
+     "train/kl", "train/entropy", "time/step"].map(k => h("option", {value: k}, k)));
+  const chart = h("div", {class: "plot", id: "compare-plot", hidden: true});
+  const errors = h("div");
+  put(main, h("h1", {}, "Runs"),
+    h("div", {class: "toolbar"}, compareButton, metricSelect, h("a", {href: "#/new"}, "New run")), chart, errors,
+    h("table", {id: "runs"}, h("thead", {}, h("tr", {}, ["", "run", "status", "env", "model", "step", "held-out",
+                                                           "started"].map(c => h("th", {}, c)))), table));
+
+  async function compare() {
+    const key = metricSelect.value;
+    const traces = [];
+    for (const name of selected) {
+      const {body} = await api(`/api/runs/${enc(name)}/metrics`);
+      const points = (body.series || {})[key] || [];
+      traces.push({x: points.map(p => p[0]), y: points.map(p => p[1]), name, mode: "lines+markers"});
+    }
+    chart.hidden = false;
+    plot(chart, traces, {title: {text: key}});
+  }
+  metricSelect.addEventListener("change", () => { if (!chart.hidden) compare(); });
+
+  async function refresh() {
+    const {ok, body} = await api("/api/runs");
+    if (!ok) { put(errors, h("div", {class: "error"}, body.error)); return; }
+    document.getElementById("runs-dir").textContent = body.runs_dir;
+    put(errors, );
+    put(table, ...body.runs.map(run => {
+      const box = h("input", {type: "checkbox", "aria-label": `select ${run.name}`, checked: selected.has(run.name),
+        onchange: e => { e.target.checked ? selected.add(run.name) : selected.delete(run.name);
+                         compareButton.disabled = selected.size < 2; }});
+      const held = run.held_out ? `${fmt(run.held_out.value)} (${run.held_out.key.split("/").pop()}, step ${run.held_out.step})` : "–";
+      return h("tr", {class: "run", dataset: {run: run.name}},
+        h("td", {}, box), h("td", {}, h("a", {href: runLink(run.name)}, run.name),
+                            Object.keys(run.errors || {}).length ? h("div", {class: "error"}, Object.entries(run.errors).map(e => e.join(": ")).join("; ")) : null),
+        h("td", {}, stateBadge(run.state, run.message)), h("td", {}, run.env || "–"),
+        h("td", {class: "mono"}, run.model || "–"), h("td", {}, `${fmt(run.step)} / ${fmt(run.steps)}`),
+        h("td", {}, held), h("td", {}, when(run.started_at)));
+    }));
+    if (!body.runs.length) put(table, h("tr", {}, h("td", {colspan: 8, class: "muted"},
+      "No runs here yet: start one with `rlf train` or from New run.")));
+  }
+  await refresh();
+  every(3000, refresh);
+}
+
+// ---------------------------------------------------------------- a run
+
+const PANELS = [
+  {title: "Reward (training)", keys: ["reward/mean", "reward/accuracy"]},
+  {title: "Held-out", keys: ["eval/reward/accuracy", "eval/reward/mean", "cold_start/eval/reward/accuracy"]},
+  {title: "Tool calls per trajectory", keys: ["tools/calls_per_trajectory", "eval/tools/calls_per_trajectory"]},
+  {title: "Tool error rate", keys: ["tools/error_rate", "eval/tools/error_rate"]},
+  {title: "Stop reasons (training)", prefix: "rollout/stop/", stack: true},
+  {title: "KL", keys: ["train/kl"]},
+  {title: "Entropy", keys: ["train/entropy"]},
+  {title: "Clip fraction", keys: ["train/clip_fraction"]},
+  {title: "Sampler vs trainer", keys: ["train/sampler_logprob_diff", "train/sampler_kl"]},
+  {title: "Step time by phase (s)", keys: ["time/rollout", "time/reward", "time/train", "time/weight_sync",
+                                           "time/eval", "time/checkpoint"], bars: true},
+];
+
+async function showRun(name) {
+  const head = h("div");
+  const plots = h("div", {class: "plots", id: "plots"});
+  const trajectories = h("div", {id: "trajectories"});
+  const details = h("div");
+  put(main, head, plots, h("h2", {}, "Trajectories"), trajectories, details);
+  const panels = new Map();
+  let recorded = null;
+
+  async function refreshHead() {
+    const {ok, body} = await api(`/api/runs/${enc(name)}`);
+    if (!ok) { put(head, h("h1", {}, name), h("div", {class: "error"}, body.error)); return null; }
+    const stop = h("button", {id: "stop", disabled: body.state !== "running", onclick: async () => {
+      stop.disabled = true;
+      const r = await post(`/api/runs/${enc(name)}/stop`);
+      message.textContent = r.ok ? `sent SIGTERM to ${r.body.pid}: the run checkpoints and stops` : r.body.error;
+    }}, "Stop");
+    const resume = h("button", {id: "resume", disabled: body.state === "running", onclick: async () => {
+      resume.disabled = true;
+      const r = await post(`/api/runs/${enc(name)}/resume`);
+      message.textContent = r.ok ? "resuming" : r.body.error;
+    }}, "Resume");
+    const message = h("span", {id: "run-message", class: "muted"}, body.message || "");
+    put(head, 
+      h("h1", {}, body.name, " ", stateBadge(body.state, body.message)),
+      h("div", {class: "toolbar"}, stop, resume, message),
+      kv("env", body.env || "–", "model", h("span", {class: "mono"}, body.model || "–"),
+        "step", `${fmt(body.step)} / ${fmt(body.steps)}`, "engine", body.engine || "–", "seed", fmt(body.seed),
+        "held-out", body.held_out ? `${fmt(body.held_out.value)} at step ${body.held_out.step}` : "–",
+        "started", when(body.started_at)),
+      errorList(body.errors));
+    if (!details.childElementCount) {
+      details.append(h("h2", {}, "Config and plugins"),
+        h("details", {}, h("summary", {}, "config.yaml"), h("pre", {id: "config"}, body.config_text || "(none)")),
+        h("details", {}, h("summary", {}, "plugins and versions"),
+          h("table", {}, Object.entries(body.plugins || {}).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v))))),
+        h("details", {}, h("summary", {}, "console"), h("pre", {id: "console"})));
+    }
+    return body;
+  }
+
+  async function refreshPlots() {
+    const {ok, body} = await api(`/api/runs/${enc(name)}/metrics`);
+    if (!ok) { put(plots, h("div", {class: "error"}, body.error)); return; }
+    const series = body.series;
+    for (const panel of PANELS) {
+      const keys = panel.prefix ? Object.keys(series).filter(k => k.startsWith(panel.prefix)).sort()
+                                : panel.keys.filter(k => series[k]);
+      if (!keys.length) continue;
+      let el = panels.get(panel.title);
+      if (!el) { el = h("div", {class: "plot", dataset: {panel: panel.title}}); panels.set(panel.title, el); plots.append(el); }
+      const traces = keys.map(k => {
+        const points = series[k].filter(p => !panel.bars || p[0] > 0);
+        return {x: points.map(p => p[0]), y: points.map(p => p[1]), name: panel.prefix ? k.slice(panel.prefix.length) : k,
+                type: panel.bars ? "bar" : "scatter", mode: "lines+markers", stackgroup: panel.stack ? "one" : undefined};
+      });
+      plot(el, traces, {title: {text: panel.title}, barmode: panel.bars ? "stack" : undefined});
+    }
+    if (!panels.size) put(plots, h("p", {class: "muted"}, "No metrics yet."));
+  }
+
+  async function refreshConsole() {
+    const pre = document.getElementById("console");
+    if (!pre || !pre.parentElement.open) return;
+    const {body} = await api(`/api/runs/${enc(name)}/console?lines=200`);
+    pre.textContent = Object.entries(body || {}).map(([f, t]) => `== ${f}\n${t}`).join("\n\n") || "(no output)";
+  }
+
+  async function refreshAll() {
+    const run = await refreshHead();
+    await refreshPlots();
+    await refreshConsole();
+    if (run && JSON.stringify(run.recorded) !== JSON.stringify(recorded)) {
+      const first = recorded === null;
+      recorded = run.recorded;
+      if (first) showTrajectoryList(trajectories, name, recorded);
+      else trajectories.dispatchEvent(new CustomEvent("recorded", {detail: recorded}));
+    }
+  }
+  await refreshAll();
+  every(3000, refreshAll);
+}
+
+function showTrajectoryList(box, name, recorded) {
+  const kinds = Object.keys(recorded);
+  if (!kinds.length) { put(box, h("p", {class: "muted"}, "No trajectories recorded yet.")); return; }
+  const kind = h("select", {id: "kind"}, kinds.map(k => h("option", {value: k}, k)));
+  kind.value = kinds.includes("eval") ? "eval" : kinds[0];
+  const step = h("select", {id: "step"});
+  const minReward = h("input", {type: "number", step: "any", id: "min-reward", placeholder: "min"});
+  const maxReward = h("input", {type: "number", step: "any", id: "max-reward", placeholder: "max"});
+  const stopReason = h("select", {id: "stop-reason"}, h("option", {value: ""}, "any"));
+  const toolError = h("select", {id: "tool-error"}, h("option", {value: ""}, "any"));
+  const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
+  const rows = h("tbody");
+  const status = h("div", {class: "muted"});
+  const errors = h("div");
+
+  function fillSteps() {
+    const steps = recorded[kind.value] || [];
+    const current = step.value;
+    put(step, h("option", {value: ""}, "all steps"), ...steps.map(s => h("option", {value: s}, `step ${s}`)));
+    step.value = current && (current === "" || steps.includes(Number(current))) ? current : String(steps[steps.length - 1]);
+  }
+
+  async function load() {
+    const params = new URLSearchParams({kind: kind.value, limit: "200"});
+    if (step.value !== "") params.set("step", step.value);
+    if (minReward.value !== "") params.set("min_reward", minReward.value);
+    if (maxReward.value !== "") params.set("max_reward", maxReward.value);
+    if (stopReason.value) params.set("stop_reason", stopReason.value);
+    if (toolError.value) params.set("tool_error", toolError.value);
+    if (sampleId.value) params.set("sample_id", sampleId.value);
+    const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories?${params}`);
+    if (!ok) { put(errors, h("div", {class: "error"}, body.error)); put(rows, ); return; }
+    put(errors, errorList(body.errors) || "");
+    for (const [select, values] of [[stopReason, body.facets.stop_reasons], [toolError, body.facets.tool_errors]]) {
+      const current = select.value;
+      put(select, h("option", {value: ""}, "any"), ...values.map(v => h("option", {value: v}, v)));
+      select.value = values.includes(current) ? current : "";
+    }
+    status.textContent = `${body.total} trajectories${body.total > body.rows.length ? ` (first ${body.rows.length} shown)` : ""}`;
+    put(rows, ...body.rows.map(r => h("tr", {class: "clickable trajectory-row", dataset: {index: r.index, step: r.step},
+        onclick: () => { location.hash = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`; }},
+      h("td", {}, r.step), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
+      h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
+      h("td", {}, r.stop_reason || "–"), h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
+      h("td", {class: "mono"}, (r.final_answer || "").slice(0, 80)))));
+  }
+
+  for (const el of [kind, step, stopReason, toolError]) el.addEventListener("change", () => { if (el === kind) fillSteps(); load(); });
+  for (const el of [minReward, maxReward, sampleId]) el.addEventListener("change", load);
+  box.addEventListener("recorded", e => { recorded = e.detail; fillSteps(); });
+  put(box, 
+    h("div", {class: "toolbar"}, h("label", {}, "kind", kind), h("label", {}, "step", step),
+      h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
+      h("label", {}, "tool error", toolError), sampleId),
+    status, errors,
+    h("table", {id: "trajectory-table"}, h("thead", {}, h("tr", {}, ["step", "#", "sample", "group", "reward", "advantage",
+      "stop", "turns", "tool errors", "final answer"].map(c => h("th", {}, c)))), rows));
+  fillSteps();
+  load();
+}
+
+// ---------------------------------------------------------------- a trajectory
+
+const MASK_COLOURS = {1: "rgb(170, 222, 170)", 0: "rgb(236, 236, 236)"};
+const NONE = "rgb(248, 248, 248)";
+
+function diverging(value, scale) {  // blue above 0, red below, white at 0
+  if (value === null || value === undefined) return NONE;
+  const t = Math.max(-1, Math.min(1, value / (scale || 1)));
+  const fade = c => Math.round(255 - (255 - c) * Math.abs(t));
+  return t >= 0 ? `rgb(${fade(70)}, ${fade(130)}, ${fade(230)})` : `rgb(${fade(220)}, ${fade(60)}, ${fade(60)})`;
+}
+
+const COLOUR_MODES = {
+  mask: {label: "loss mask", colour: (s, i) => MASK_COLOURS[s.loss_mask[i] ? 1 : 0],
+         legend: [[MASK_COLOURS[1], "trained (loss mask 1)"], [MASK_COLOURS[0], "not trained (prompt, tool results)"]]},
+  advantage: {label: "advantage", colour: (s, i, scale) => diverging(s.advantage[i], scale.advantage),
+              legend: [[diverging(1, 1), "positive"], [diverging(-1, 1), "negative"], [NONE, "none"]]},
+  drift: {label: "logprob drift (trainer − sampler)",
+          colour: (s, i, scale) => s.trainer_logprob[i] === null || s.sampler_logprob[i] === null ? NONE
+            : diverging(s.trainer_logprob[i] - s.sampler_logprob[i], scale.drift),
+          legend: [[diverging(1, 1), "trainer higher"], [diverging(-1, 1), "sampler higher"], [NONE, "not scored"]]},
+  logprob: {label: "sampler probability", colour: (s, i) => s.sampler_logprob[i] === null ? NONE
+              : diverging(-(1 - Math.exp(s.sampler_logprob[i])), 1),
+            legend: [["rgb(255, 255, 255)", "p = 1"], [diverging(-1, 1), "p → 0"], [NONE, "not sampled"]]},
+};
+const SEGMENTS = ["prompt", "model", "observation"];
+
+function tokenView(sequence, mode) {
+  const n = sequence.token_ids.length;
+  const maxAbs = values => Math.max(1e-6, ...values.filter(v => v !== null).map(Math.abs));
+  const scale = {advantage: maxAbs(sequence.advantage),
+                 drift: maxAbs(sequence.trainer_logprob.map((t, i) => t === null || sequence.sampler_logprob[i] === null ? null : t - sequence.sampler_logprob[i]))};
+  const box = h("div", {class: "tokens", id: "tokens"});
+  const spans = [];
+  for (let i = 0; i < n; i++) {
+    spans.push(h("span", {class: `tok seg-${sequence.segment[i]}`, dataset: {i, mask: sequence.loss_mask[i]},
+                          style: {background: COLOUR_MODES[mode].colour(sequence, i, scale)}}, sequence.pieces[i]));
+  }
+  box.append(...spans);
+  box.addEventListener("mouseover", e => {
+    const el = e.target.closest(".tok");
+    if (!el) return;
+    const i = Number(el.dataset.i), s = sequence;
+    const drift = s.trainer_logprob[i] === null || s.sampler_logprob[i] === null ? null : s.trainer_logprob[i] - s.sampler_logprob[i];
+    tooltip.textContent = [`token ${i}  id ${s.token_ids[i]}  ${JSON.stringify(s.pieces[i])}`,
+      `${SEGMENTS[s.segment[i]]}, turn ${s.turn[i]}, loss mask ${s.loss_mask[i]}`,
+      `sampler logprob ${fmt(s.sampler_logprob[i], 4)}  trainer logprob ${fmt(s.trainer_logprob[i], 4)}  drift ${fmt(drift, 4)}`,
+      `advantage ${fmt(s.advantage[i], 4)}  policy version ${s.policy_version[i]}`].join("\n");
+    tooltip.hidden = false;
+    const r = el.getBoundingClientRect();
+    tooltip.style.left = `${Math.min(r.left, window.innerWidth - 460)}px`;
+    tooltip.style.top = `${r.bottom + 6}px`;
+  });
+  box.addEventListener("mouseout", e => { if (e.target.closest(".tok")) tooltip.hidden = true; });
+  return box;
+}
+
+function conversation(record) {
+  const calls = record.tool_calls || [];
+  const byId = new Map(calls.filter(c => c.id).map(c => [c.id, c]));
+  return h("div", {class: "conversation", id: "conversation"}, (record.messages || []).map(m => {
+    const toolCalls = m.tool_calls ? JSON.parse(m.tool_calls) : [];
+    return h("div", {class: `msg ${m.role}`},
+      h("div", {class: "role"}, m.role, m.name ? ` · ${m.name}` : ""),
+      m.content ? h("div", {class: "body"}, m.content) : null,
+      toolCalls.map(c => {
+        const done = byId.get(c.id) || calls.find(x => x.name === c.name && x.arguments === JSON.stringify(c.arguments));
+        return h("div", {class: `call${done && done.error ? " failed" : ""}`},
+          h("div", {class: "mono"}, `→ ${c.name}(${JSON.stringify(c.arguments)})`),
+          done ? h("div", {class: "muted"}, done.error ? `error: ${done.error}` : "ok",
+                   done.latency_s !== null ? ` · ${fmt(done.latency_s)} s` : "") : null);
+      }));
+  }));
+}
+
+async function showTrajectory(name, kind, step, index) {
+  const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories/${enc(kind)}/${step}/${index}`);
+  const back = h("a", {href: runLink(name)}, `← ${name}`);
+  if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
+  const r = body;
+  const facts = kv("sample", h("span", {class: "mono"}, r.sample_id), "reward", fmt(r.reward),
+    "rewards", Object.entries(r.rewards || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–",
+    "advantage", fmt(r.advantage), "correct", fmt(r.correct), "stop reason", r.stop_reason || "–",
+    "outcome", r.outcome || "–", "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
+    "final answer", h("span", {class: "mono"}, r.final_answer || "–"), "expected", h("span", {class: "mono"}, r.expected || "–"),
+    "policy version", fmt(r.policy_version));
+  const same = h("a", {id: "same-sample", href: `#/run/${enc(name)}/same/${enc(kind)}/${enc(r.sample_id)}`},
+                 "this sample at every recorded step");
+  const parts = [back, h("h1", {}, `${kind} step ${step} · trajectory ${index}`), facts, h("p", {}, same),
+                 r.error ? h("div", {class: "error"}, r.error) : null,
+                 (r.reward_errors || []).length ? h("div", {class: "error"}, r.reward_errors.join("; ")) : null];
+  if (r.text_only) {
+    parts.push(h("p", {class: "muted"}, "Recorded before token-level records: text only."),
+               h("pre", {id: "text"}, r.text || ""));
+    if ((r.tool_calls || []).length) parts.push(h("h2", {}, "Tool calls"), h("pre", {}, r.tool_calls.map(c => `${c.name}(${c.arguments})`).join("\n")));
+    put(main, ...parts);
+    return;
+  }
+  const tokensBox = h("div");
+  const legend = h("div", {class: "legend", id: "legend"});
+  let mode = "mask";
+  const modeSelect = h("select", {id: "colour-mode", onchange: e => { mode = e.target.value; drawTokens(); }},
+    Object.entries(COLOUR_MODES).map(([k, m]) => h("option", {value: k}, m.label)));
+  const sequences = r.sequences || [];
+  function drawTokens() {
+    put(legend, ...COLOUR_MODES[mode].legend.map(([c, text]) => h("span", {}, h("span", {class: "swatch", style: {background: c}}), " ", text)));
+    put(tokensBox, ...sequences.map((s, k) => h("div", {},
+      sequences.length > 1 ? h("h3", {}, `sequence ${k + 1} of ${sequences.length}`) : null, tokenView(s, mode))));
+  }
+  drawTokens();
+  const callRows = (r.tool_calls || []).map(c => h("tr", {}, h("td", {}, fmt(c.turn)), h("td", {class: "mono"}, c.name),
+    h("td", {class: "mono"}, c.arguments), h("td", {class: c.error ? "error" : ""}, c.error || "ok"),
+    h("td", {}, fmt(c.latency_s)), h("td", {class: "mono"}, (c.result || "").slice(0, 400))));
+  parts.push(h("h2", {}, "Conversation"), conversation(r),
+    callRows.length ? h("details", {open: true}, h("summary", {}, `Tool calls (${callRows.length})`),
+      h("table", {}, h("thead", {}, h("tr", {}, ["turn", "tool", "arguments", "error", "latency (s)", "result"].map(c => h("th", {}, c)))),
+        h("tbody", {}, callRows))) : null,
+    h("h2", {}, "Tokens"), h("div", {class: "toolbar"}, h("label", {}, "colour", modeSelect), legend), tokensBox);
+  put(main, ...parts);
+}
+
+async function showSameSample(name, kind, sampleId) {
+  const {ok, body} = await api(`/api/runs/${enc(name)}/same-sample?kind=${enc(kind)}&sample_id=${enc(sampleId)}`);
+  const back = h("a", {href: runLink(name)}, `← ${name}`);
+  if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
+  put(main, back, h("h1", {}, `${sampleId} across ${kind} steps`), errorList(body.errors) || "",
+    h("div", {class: "side-by-side", id: "same-sample-columns"}, body.trajectories.map(r => h("div", {},
+      h("h3", {}, h("a", {href: `#/run/${enc(name)}/t/${enc(kind)}/${r.step}/${r.index}`}, `step ${r.step}`),
+        ` · reward ${fmt(r.reward)}`),
+      kv("final answer", h("span", {class: "mono"}, r.final_answer || "–"), "stop", r.stop_reason || "–",
+        "turns", fmt(r.num_turns)),
+      r.text_only ? h("pre", {}, r.text || "") : conversation(r)))));
+}
+
+// ---------------------------------------------------------------- a new run
+
+async function showNewRun() {
+  const {ok, body} = await api("/api/new-run/form");
+  if (!ok) { put(main, h("h1", {}, "New run"), h("div", {class: "error"}, body.error)); return; }
+  window.rlfNewRun(main, body, {h, api, post, fmt, put});
+}
+
+// ---------------------------------------------------------------- routing
+
+function route() {
+  clearInterval(timer);
+  tooltip.hidden = true;
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  if (parts[0] === "run" && parts[2] === "t") return showTrajectory(parts[1], parts[3], Number(parts[4]), Number(parts[5]));
+  if (parts[0] === "run" && parts[2] === "same") return showSameSample(parts[1], parts[3], parts.slice(4).join("/"));
+  if (parts[0] === "run" && parts[1]) return showRun(parts[1]);
+  if (parts[0] === "new") return showNewRun();
+  return showRuns();
+}
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,137 @@
+"""The `rlf ui` API over a real run directory (a short training run with a tiny model), through
+the real app and its access guard: runs and their states, metrics, recorded trajectories and
+their filters, pre-records runs, damaged files, traversal attempts, and the new-run form."""
+
+import gzip
+import os
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rlfactory_cli.ui.app import create_app
+from rlfactory_core.records import RunRecords
+
+from ui_runs import make_runs
+
+TOKEN = "test-token-0123456789abcdef"
+PORT = 8765
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory, tiny_model_dir):
+    return make_runs(tmp_path_factory.mktemp("ui"), tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def client(runs_dir):
+    app = create_app(runs_dir, token=TOKEN, port=PORT)
+    with TestClient(app, base_url=f"http://127.0.0.1:{PORT}", headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c
+
+
+def test_the_runs_list_says_how_each_run_stands(client):
+    runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert set(runs) == {"tiny", "old", "broken", "killed"}
+    tiny = runs["tiny"]
+    assert tiny["state"] == "finished" and tiny["step"] == 2 and tiny["steps"] == 2 and tiny["env"] == "arithmetic"
+    assert tiny["held_out"]["key"] == "eval/reward/accuracy" and tiny["held_out"]["step"] == 2
+    assert runs["killed"]["state"] == "died" and "heartbeat" in runs["killed"]["message"]  # not "running" forever
+    assert runs["old"]["state"] == "finished" and runs["old"]["held_out"]["value"] == 0.5
+    broken = runs["broken"]
+    assert broken["state"] == "unknown" and "config.yaml" in broken["errors"] and "metrics.jsonl" in broken["errors"]
+
+
+def test_a_run_page_has_its_metrics_config_plugins_and_records(client):
+    run = client.get("/api/runs/tiny").json()
+    assert run["recorded"] == {"train": [1, 2], "eval": [0, 1, 2]}
+    assert "arithmetic" in run["config_text"] and run["plugins"]
+    series = client.get("/api/runs/tiny/metrics").json()["series"]
+    for key in ("reward/mean", "eval/reward/accuracy", "train/entropy", "train/clip_fraction",
+                "train/sampler_logprob_diff", "time/rollout", "time/train", "tools/calls_per_trajectory"):
+        assert key in series, key
+    assert [step for step, _ in series["reward/mean"]] == [1, 2]
+    broken = client.get("/api/runs/broken/metrics")
+    assert broken.status_code == 200 and "not a JSON object" in broken.json()["errors"]["metrics.jsonl"]
+
+
+def test_trajectories_list_filter_and_open_token_by_token(client, runs_dir):
+    listed = client.get("/api/runs/tiny/trajectories", params={"kind": "train", "step": 1}).json()
+    assert listed["total"] == 4 and {r["group"] for r in listed["rows"]} == {0, 1}
+    everything = client.get("/api/runs/tiny/trajectories", params={"kind": "eval"}).json()
+    assert everything["total"] == 12 and everything["steps"] == [0, 1, 2]
+    reason = everything["rows"][0]["stop_reason"]
+    only = client.get("/api/runs/tiny/trajectories", params={"kind": "eval", "stop_reason": reason}).json()
+    assert only["total"] == sum(r["stop_reason"] == reason for r in everything["rows"])
+    assert client.get("/api/runs/tiny/trajectories", params={"kind": "eval", "min_reward": 5}).json()["total"] == 0
+    sample = everything["rows"][0]["sample_id"]
+    by_id = client.get("/api/runs/tiny/trajectories", params={"kind": "eval", "sample_id": sample}).json()
+    assert by_id["total"] == 3  # the same question at steps 0, 1 and 2
+
+    record = client.get("/api/runs/tiny/trajectories/train/1/0").json()
+    expected = RunRecords(runs_dir / "tiny").trajectory("train", 1, 0)
+    assert record["sequences"][0]["loss_mask"] == expected["sequences"][0]["loss_mask"]
+    assert record["sequences"][0]["token_ids"] == expected["sequences"][0]["token_ids"]
+    same = client.get("/api/runs/tiny/same-sample", params={"kind": "eval", "sample_id": sample}).json()
+    assert [t["step"] for t in same["trajectories"]] == [0, 1, 2]
+
+
+def test_a_run_made_before_records_opens_as_text(client):
+    assert client.get("/api/runs/old").json()["recorded"] == {"eval": [0, 1]}
+    record = client.get("/api/runs/old/trajectories/eval/1/0").json()
+    assert record["text_only"] and "What is 3*4?" in record["text"] and record["sample_id"] == "q7"
+
+
+def test_a_damaged_file_is_an_error_for_that_part_only(client):
+    listed = client.get("/api/runs/broken/trajectories", params={"kind": "eval"})
+    assert listed.status_code == 200
+    assert "not a readable trajectory record" in listed.json()["errors"]["eval step 1"]
+    one = client.get("/api/runs/broken/trajectories/eval/1/0")
+    assert one.status_code == 404 and "not a readable trajectory record" in one.json()["error"]
+    assert client.get("/api/runs/broken").status_code == 200
+    assert client.get("/api/runs/tiny/trajectories/eval/99/0").status_code == 404
+    assert client.get("/api/runs/tiny/trajectories/bogus/1/0").status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/api/runs/..", "/api/runs/%2e%2e", "/api/runs/..%5c..%5cetc",
+                                  "/api/runs/%2e%2e/metrics", "/api/runs/..%2F..%2Fetc%2Fpasswd",
+                                  "/api/runs/%2Fetc/metrics", "/api/runs/tiny%2F..%2F..%2Fx/trajectories",
+                                  "/api/runs/outside/metrics", "/api/runs/missing/metrics"])
+def test_paths_never_leave_the_runs_directory(client, runs_dir, tmp_path_factory, path):
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "metrics.jsonl").write_text('{"step": 0, "secret": 1}\n')
+    link = runs_dir / "outside"
+    if not link.is_symlink():
+        os.symlink(outside, link)
+    response = client.get(path)
+    assert response.status_code in (400, 404) and "secret" not in response.text
+
+
+def test_every_request_needs_the_token_and_a_local_host(runs_dir, client):
+    app = create_app(runs_dir, token=TOKEN, port=PORT)
+    with TestClient(app, base_url=f"http://127.0.0.1:{PORT}") as bare:
+        assert bare.get("/api/runs").status_code == 401
+        assert bare.get("/").status_code == 401
+        opened = bare.get(f"/?token={TOKEN}", headers={"Accept": "text/html"}, follow_redirects=False)
+        assert opened.status_code == 303 and TOKEN not in opened.headers["location"]
+        assert bare.get("/api/runs").status_code == 200  # the cookie it set
+    assert client.get("/api/runs", headers={"Host": f"rebound.example:{PORT}"}).status_code == 400
+    cross = client.post("/api/runs/tiny/stop", headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
+    assert cross.status_code == 403
+
+
+def test_the_page_and_plotly_are_served_locally(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "/vendor/plotly.min.js" in page.text and "http" not in page.text.split("<body>")[0]
+    assert "default-src 'self'" in page.headers["content-security-policy"]
+    js = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"})
+    assert js.status_code == 200 and js.headers["content-encoding"] == "gzip" and len(js.content) > 1_000_000
+    assert b"plotly.js" in js.content[:500] or b"plotly" in gzip.compress(js.content[:100])
+    for asset in ("/static/app.js", "/static/app.css", "/static/new_run.js"):
+        assert client.get(asset).status_code == 200, asset
+
+
+def test_stop_and_resume_refuse_what_cannot_be_done(client):
+    stopped = client.post("/api/runs/tiny/stop")
+    assert stopped.status_code == 409 and "not running" in stopped.json()["error"]
+    resumed = client.post("/api/runs/killed/resume")
+    assert resumed.status_code == 409 and "checkpoint" in resumed.json()["error"]
