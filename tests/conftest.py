@@ -44,3 +44,12 @@ def browser(tmp_path_factory):
 
     with chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
         yield driver
+
+
+@pytest.fixture(scope="session")
+def ui_runs_dir(tmp_path_factory, tiny_model_dir):
+    """A runs directory for the `rlf ui` tests (tests/ui_runs.py): a real short training run
+    and runs made before records, damaged and killed. Shared: copy it before changing it."""
+    from ui_runs import make_runs
+
+    return make_runs(tmp_path_factory.mktemp("ui"), tiny_model_dir)

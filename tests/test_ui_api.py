@@ -4,6 +4,7 @@ their filters, pre-records runs, damaged files, traversal attempts, and the new-
 
 import gzip
 import os
+import shutil
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,15 +12,16 @@ from fastapi.testclient import TestClient
 from rlfactory_cli.ui.app import create_app
 from rlfactory_core.records import RunRecords
 
-from ui_runs import make_runs
 
 TOKEN = "test-token-0123456789abcdef"
 PORT = 8765
 
 
 @pytest.fixture(scope="module")
-def runs_dir(tmp_path_factory, tiny_model_dir):
-    return make_runs(tmp_path_factory.mktemp("ui"), tiny_model_dir)
+def runs_dir(ui_runs_dir, tmp_path_factory):
+    copy = tmp_path_factory.mktemp("ui-api") / "runs"
+    shutil.copytree(ui_runs_dir, copy, symlinks=True)
+    return copy
 
 
 @pytest.fixture(scope="module")

@@ -143,9 +143,10 @@ const PANELS = [
 async function showRun(name) {
   const head = h("div");
   const plots = h("div", {class: "plots", id: "plots"});
+  const plotNote = h("div", {id: "plot-note"});
   const trajectories = h("div", {id: "trajectories"});
   const details = h("div");
-  put(main, head, plots, h("h2", {}, "Trajectories"), trajectories, details);
+  put(main, head, plotNote, plots, h("h2", {}, "Trajectories"), trajectories, details);
   const panels = new Map();
   let recorded = null;
 
@@ -183,7 +184,7 @@ async function showRun(name) {
 
   async function refreshPlots() {
     const {ok, body} = await api(`/api/runs/${enc(name)}/metrics`);
-    if (!ok) { put(plots, h("div", {class: "error"}, body.error)); return; }
+    if (!ok) { put(plotNote, h("div", {class: "error"}, body.error)); return; }
     const series = body.series;
     for (const panel of PANELS) {
       const keys = panel.prefix ? Object.keys(series).filter(k => k.startsWith(panel.prefix)).sort()
@@ -198,7 +199,10 @@ async function showRun(name) {
       });
       plot(el, traces, {title: {text: panel.title}, barmode: panel.bars ? "stack" : undefined});
     }
-    if (!panels.size) put(plots, h("p", {class: "muted"}, "No metrics yet."));
+    // in PANELS order, whichever appeared first (a new run has its held-out eval before any step)
+    const order = PANELS.map(p => panels.get(p.title)).filter(Boolean);
+    if (order.some((el, i) => plots.children[i] !== el)) plots.append(...order);
+    put(plotNote, panels.size ? "" : h("p", {class: "muted"}, "No metrics yet."), errorList(body.errors));
   }
 
   async function refreshConsole() {

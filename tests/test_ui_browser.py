@@ -1,0 +1,191 @@
+"""`rlf ui` in a real browser (headless Chromium from Debian, tests/browser.py), served by
+uvicorn from a runs directory made by a real short training run: from the runs list to a
+trajectory whose token colours match the recorded loss mask; a bad config's errors inline; a
+run launched from the form reaching step 1 on the live page, and stop checkpointing it.
+Screenshots of each page land in screenshots/ (ignored by git)."""
+
+import json
+import re
+import shutil
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+import uvicorn
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from browser import save_screenshot
+from rlfactory_cli.ui.app import create_app
+from rlfactory_core.records import RunRecords
+
+TOKEN = "browser-test-token-0123456789"
+#: Hang guards, not timings: how long a wait may take before the test calls it stuck.
+PAGE_S = 30
+LAUNCH_S = 300
+
+
+@pytest.fixture(scope="module")
+def served(ui_runs_dir, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("ui-browser") / "runs"
+    shutil.copytree(ui_runs_dir, runs, symlinks=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(runs, token=TOKEN, port=port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + PAGE_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield {"base": f"http://127.0.0.1:{port}", "runs": runs, "app": app}
+    for child in app.state.launcher.children.values():  # a run the test left going
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    server.should_exit = True
+    thread.join(PAGE_S)
+
+
+def api(served, path):
+    request = urllib.request.Request(served["base"] + path, headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request) as response:
+        return json.load(response)
+
+
+def wait(driver, condition, seconds=PAGE_S, message=""):
+    return WebDriverWait(driver, seconds, poll_frequency=0.2).until(lambda d: condition(d), message)
+
+
+def test_from_the_runs_list_to_a_trajectory_whose_token_colours_are_its_loss_mask(browser, served):
+    browser.get(f"{served['base']}/?token={TOKEN}")  # the cookie is set, the token leaves the URL
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.run")) == 4, message="the runs list")
+    assert TOKEN not in browser.current_url
+    states = {row.get_attribute("data-run"): row.find_element(By.CSS_SELECTOR, ".state").text
+              for row in browser.find_elements(By.CSS_SELECTOR, "tr.run")}
+    assert states == {"tiny": "finished", "old": "finished", "killed": "died", "broken": "unknown"}
+    for run in ("tiny", "old"):  # two runs' curves on one plot
+        browser.find_element(By.CSS_SELECTOR, f"tr.run[data-run='{run}'] input[type=checkbox]").click()
+    browser.find_element(By.ID, "compare").click()
+    wait(browser, lambda d: d.execute_script(
+        "const p = document.getElementById('compare-plot'); return p.data && p.data.length === 2"), message="compare")
+    names = browser.execute_script("return document.getElementById('compare-plot').data.map(t => t.name)")
+    assert sorted(names) == ["old", "tiny"]
+    save_screenshot(browser, "ui-runs")
+
+    browser.find_element(By.LINK_TEXT, "tiny").click()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".plot .main-svg")) >= 8, message="the run's plots")
+    panels = {el.get_attribute("data-panel") for el in browser.find_elements(By.CSS_SELECTOR, ".plot")}
+    assert {"Reward (training)", "Held-out", "Entropy", "Sampler vs trainer", "Step time by phase (s)"} <= panels
+    save_screenshot(browser, "ui-run")
+
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row"), message="the trajectory list")
+    Select(browser.find_element(By.ID, "kind")).select_by_value("train")
+    Select(browser.find_element(By.ID, "step")).select_by_value("1")
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 4, message="step 1's rows")
+    browser.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")[0].click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#tokens .tok"), message="the token view")
+
+    recorded = RunRecords(served["runs"] / "tiny").trajectory("train", 1, 0)["sequences"][0]
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('#tokens .tok')].map(t => [Number(t.dataset.mask), "
+        "getComputedStyle(t).backgroundColor, t.textContent])")
+    assert [mask for mask, _, _ in shown] == recorded["loss_mask"]
+    assert [text for _, _, text in shown] == recorded["pieces"]
+    colours = {1: "rgb(170, 222, 170)", 0: "rgb(236, 236, 236)"}
+    assert all(colour == colours[mask] for mask, colour, _ in shown)
+    assert 0 < sum(recorded["loss_mask"]) < len(recorded["loss_mask"])  # both colours are really checked
+
+    trained = recorded["loss_mask"].index(1)
+    token = browser.find_elements(By.CSS_SELECTOR, "#tokens .tok")[trained]
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", token)
+    ActionChains(browser).move_to_element(token).perform()
+    tip = browser.find_element(By.ID, "tooltip")
+    wait(browser, lambda d: tip.is_displayed(), message="the token's tooltip")
+    assert f"id {recorded['token_ids'][trained]}" in tip.text and "sampler logprob" in tip.text
+    assert "advantage" in tip.text and "trainer logprob" in tip.text
+    save_screenshot(browser, "ui-trajectory")
+
+    Select(browser.find_element(By.ID, "colour-mode")).select_by_value("drift")
+    after = browser.execute_script(
+        "return [...document.querySelectorAll('#tokens .tok')].map(t => getComputedStyle(t).backgroundColor)")
+    assert after[0] == "rgb(248, 248, 248)"  # a prompt token: no logprobs to compare
+    assert not set(after) & set(colours.values())
+
+
+def test_a_run_made_before_records_and_a_damaged_run_still_open(browser, served):
+    browser.get(f"{served['base']}/#/run/old/t/eval/1/0")
+    wait(browser, lambda d: d.find_elements(By.ID, "text"), message="the text-only view")
+    assert "What is 3*4?" in browser.find_element(By.ID, "text").text
+    browser.get(f"{served['base']}/#/run/broken")
+    wait(browser, lambda d: "config.yaml" in d.find_element(By.ID, "main").text, message="the damaged run's page")
+    assert "metrics.jsonl" in browser.find_element(By.ID, "main").text
+
+
+def _set(driver, key, value):
+    driver.execute_script(
+        "const el = document.querySelector(`[data-key='${arguments[0]}']`);"
+        "if (el.type === 'checkbox') el.checked = arguments[1]; else el.value = arguments[1];"
+        "el.dispatchEvent(new Event('change', {bubbles: true}));", key, value)
+
+
+def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
+    browser.get(f"{served['base']}/#/new")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-key='train.steps']"), message="the form")
+    for key, value in (("train.steps", "-1"), ("train.lr", "fast"), ("grpo.group_size", "0"),
+                       ("rollout.sampling.temperature", "-2")):
+        _set(browser, key, value)
+    browser.find_element(By.ID, "validate").click()
+    errors = {}
+
+    def shown(d):
+        errors.update({el.get_attribute("data-error-for"): el.text
+                       for el in d.find_elements(By.CSS_SELECTOR, ".field-error") if el.text})
+        return len(errors) >= 4
+
+    wait(browser, shown, message="the inline errors")
+    assert set(errors) == {"train.steps", "train.lr", "grpo.group_size", "rollout.sampling.temperature"}
+    assert "greater than" in errors["train.steps"] and "number" in errors["train.lr"]
+    assert browser.find_element(By.CSS_SELECTOR, "[data-key='train.lr']").get_attribute("class") == "invalid"
+    save_screenshot(browser, "ui-new-run-errors")
+
+
+def test_a_run_launched_from_the_form_reaches_step_1_live_and_stop_checkpoints_it(browser, served, tiny_model_dir):
+    browser.get(f"{served['base']}/#/runs")
+    browser.get(f"{served['base']}/#/new")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-key='train.steps']"), message="the form")
+    settings = {"model.name": str(tiny_model_dir), "backend": "hf", "train.steps": "500", "grpo.prompts_per_step": "2",
+                "grpo.group_size": "2", "data.eval_size": "4", "eval.every": "0", "checkpoint.every": "400",
+                "rollout.max_turns": "2", "rollout.max_tokens_per_turn": "24", "logging.live": "off",
+                "logging.tensorboard": False}
+    for key, value in settings.items():
+        _set(browser, key, value)
+    save_screenshot(browser, "ui-new-run")
+    browser.find_element(By.ID, "launch").click()
+    wait(browser, lambda d: d.current_url.split("#")[-1].startswith("/run/arithmetic-"), message="the new run's page")
+    name = browser.current_url.split("#/run/")[-1]
+
+    def step_shown(d):
+        match = re.search(r"step\s+(\d+) / 500", d.find_element(By.ID, "main").text)
+        return match and int(match.group(1)) >= 1
+
+    try:
+        wait(browser, step_shown, LAUNCH_S, "step 1 on the live page")
+    finally:
+        print((served["runs"] / name / "console.txt").read_text()[-3000:])
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".plot .main-svg"), message="its live plots")
+    save_screenshot(browser, "ui-run-live")
+
+    stop = browser.find_element(By.ID, "stop")
+    wait(browser, lambda d: stop.is_enabled(), message="the stop button")
+    stop.click()
+    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "h1 .state").text == "interrupted", LAUNCH_S,
+         "the stopped run's state")
+    status = api(served, f"/api/runs/{name}")
+    assert status["state"] == "interrupted" and "saved" in status["message"]
+    checkpoints = sorted(p.name for p in (served["runs"] / name / "checkpoints").iterdir())
+    assert checkpoints and checkpoints[-1].startswith("step-")
