@@ -48,6 +48,7 @@ def ui(
         err.print(f"[red]error:[/red] cannot listen on {host}:{port} ({exc.strerror}); "
                   f"pick another with --port (0: any free port)")
         raise typer.Exit(1) from None
+    sock.listen(128)  # connections made once the URL is printed wait for the server, not refused
     port = sock.getsockname()[1]
     token = token or new_token()
     hosts = ["127.0.0.1", "localhost", "[::1]"] + ([] if host in LOOPBACK else [f"[{host}]" if ":" in host else host])
