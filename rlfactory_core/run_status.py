@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from ._fs import write_text_atomic
+from ._proc import process_exists
 
 __all__ = ["STATUS_FILE", "HEARTBEAT_S", "STALE_AFTER_S", "RunStatus", "StatusWriter", "read_status"]
 
@@ -131,7 +132,7 @@ def read_status(run_dir: str | os.PathLike[str], *, now: float | None = None) ->
         return RunStatus("unknown", message=f"{STATUS_FILE}: unknown state {status.state!r}")
     if status.state != "running":
         return status
-    if status.host == socket.gethostname() and status.pid is not None and not _process_exists(status.pid):
+    if status.host == socket.gethostname() and status.pid is not None and not process_exists(status.pid):
         return _died(status, f"its process {status.pid} is gone")
     if status.updated_at is None or now - status.updated_at > STALE_AFTER_S:
         age = "never" if status.updated_at is None else f"{now - status.updated_at:.0f} s ago"
@@ -163,16 +164,6 @@ def _status_from_metrics(run_dir: Path) -> RunStatus:
         return RunStatus("finished", step=last, steps=steps)
     return RunStatus("unknown", step=last, steps=steps,
                      message=f"no {STATUS_FILE} (a run from before it): stopped or still running at step {last}")
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 def _int_or_none(value: object) -> int | None:

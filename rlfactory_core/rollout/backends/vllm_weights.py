@@ -45,6 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
+from ..._proc import process_exists
 from ...errors import ModelError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -150,7 +151,7 @@ def remove_orphaned_staging(root: str) -> list[Path]:
     removed = []
     for path in Path(root).glob(f"{STAGING_PREFIX}*-*"):
         pid = path.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _process_runs(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or process_exists(int(pid)):
             continue
         shutil.rmtree(path, ignore_errors=True)
         if not path.exists():
@@ -158,16 +159,6 @@ def remove_orphaned_staging(root: str) -> list[Path]:
     if removed:
         log.debug("removed %d weight staging directories of finished processes from %s", len(removed), root)
     return removed
-
-
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
 
 
 @contextlib.contextmanager
