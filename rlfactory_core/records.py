@@ -218,9 +218,11 @@ def _calls(trajectory: Any) -> list[dict[str, Any]]:
     """Each tool call with its result: by call id where the results have them, else in order."""
     by_id = {r.call_id: r for r in trajectory.tool_results if r.call_id}
     in_order = list(trajectory.tool_results)
-    turns = []
-    for turn, message in enumerate(m for m in trajectory.messages if m.role == "assistant"):
-        turns += [turn] * len(message.tool_calls)
+    turns = trajectory.metadata.get("tool_call_turns")  # the agent loop's; else from the messages
+    if not isinstance(turns, list) or len(turns) != len(trajectory.tool_calls):
+        turns = []
+        for turn, message in enumerate(m for m in trajectory.messages if m.role == "assistant"):
+            turns += [turn] * len(message.tool_calls)
     calls = []
     for i, call in enumerate(trajectory.tool_calls):
         result = by_id.get(call.id) if call.id else None

@@ -68,7 +68,8 @@ def _run_train(overrides: list[str] | None, *, env: str | None, model: str | Non
     cfg = checked_config(list(config or []), overrides or [], preset=preset, flags=flags, resume=resume)
     # The trainer announces the run once its task and data are built, just before writing its directory.
     run = run_training(cfg, resume=resume, console=out)
-    out.print(f"[green]done[/]: run in {run} (metrics.jsonl, tensorboard/, checkpoints/, samples/)")
+    out.print(f"[green]done[/]: run in {run} (metrics.jsonl, trajectories/, checkpoints/, samples/; "
+              f"watch it with `rlf ui {run.parent}`)")
 
 
 def eval_command(

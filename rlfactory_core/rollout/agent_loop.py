@@ -159,7 +159,8 @@ async def run_trajectory(
     sample_id = str(sample.get("id", index)) if hasattr(sample, "get") else str(index)
     trajectory = Trajectory(sample_id=sample_id, prompt_ids=[])
     errors: Counter[str] = Counter()
-    trajectory.metadata.update(tool_errors=errors, parse_errors=0, generation_s=0.0, tool_s=0.0, cut_turns=0)
+    trajectory.metadata.update(tool_errors=errors, parse_errors=0, generation_s=0.0, tool_s=0.0, cut_turns=0,
+                               tool_call_turns=[])
     state: Any = None
     reset: EnvReset | None = None
     try:
@@ -210,6 +211,7 @@ async def run_trajectory(
 
             turn = parse_turn(parser, text)
             trajectory.tool_calls.extend(turn.tool_calls)
+            trajectory.metadata["tool_call_turns"] += [turn_index] * len(turn.tool_calls)  # the calls' model turns
             trajectory.metadata["parse_errors"] += len(turn.errors)
             results: list[ToolResult] = []
             if turn.tool_calls:

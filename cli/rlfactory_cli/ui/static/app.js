@@ -339,27 +339,28 @@ function tokenView(sequence, mode) {
     tooltip.hidden = false;
     const r = el.getBoundingClientRect();
     tooltip.style.left = `${Math.min(r.left, window.innerWidth - 460)}px`;
-    tooltip.style.top = `${r.bottom + 6}px`;
+    const below = r.bottom + 6 + tooltip.offsetHeight < window.innerHeight;
+    tooltip.style.top = `${below ? r.bottom + 6 : Math.max(0, r.top - 6 - tooltip.offsetHeight)}px`;
   });
   box.addEventListener("mouseout", e => { if (e.target.closest(".tok")) tooltip.hidden = true; });
   return box;
 }
 
 function conversation(record) {
+  // each model turn with the tool calls parsed from it (their results and errors follow as
+  // the next messages, as the model saw them)
   const calls = record.tool_calls || [];
-  const byId = new Map(calls.filter(c => c.id).map(c => [c.id, c]));
+  let assistantTurn = -1;
   return h("div", {class: "conversation", id: "conversation"}, (record.messages || []).map(m => {
-    const toolCalls = m.tool_calls ? JSON.parse(m.tool_calls) : [];
-    return h("div", {class: `msg ${m.role}`},
-      h("div", {class: "role"}, m.role, m.name ? ` · ${m.name}` : ""),
+    const turn = m.role === "assistant" ? ++assistantTurn : null;
+    const made = turn === null ? [] : calls.filter(c => c.turn === turn);
+    return h("div", {class: `msg ${m.role}`, dataset: turn === null ? {} : {turn}},
+      h("div", {class: "role"}, m.role, m.name ? ` · ${m.name}` : "", turn === null ? "" : ` · turn ${turn}`),
       m.content ? h("div", {class: "body"}, m.content) : null,
-      toolCalls.map(c => {
-        const done = byId.get(c.id) || calls.find(x => x.name === c.name && x.arguments === JSON.stringify(c.arguments));
-        return h("div", {class: `call${done && done.error ? " failed" : ""}`},
-          h("div", {class: "mono"}, `→ ${c.name}(${JSON.stringify(c.arguments)})`),
-          done ? h("div", {class: "muted"}, done.error ? `error: ${done.error}` : "ok",
-                   done.latency_s !== null ? ` · ${fmt(done.latency_s)} s` : "") : null);
-      }));
+      made.map(c => h("div", {class: `call${c.error ? " failed" : ""}`},
+        h("div", {class: "mono"}, `→ ${c.name}(${c.arguments})`),
+        h("div", {class: c.error ? "error" : "muted"}, c.error ? `error: ${c.error}` : "ok",
+          c.latency_s !== null && c.latency_s !== undefined ? ` · ${fmt(c.latency_s)} s` : ""))));
   }));
 }
 
@@ -368,12 +369,16 @@ async function showTrajectory(name, kind, step, index) {
   const back = h("a", {href: runLink(name)}, `← ${name}`);
   if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
   const r = body;
+  let meta = {};
+  try { meta = JSON.parse(r.metadata || "{}") || {}; } catch (e) { meta = {}; }
   const facts = kv("sample", h("span", {class: "mono"}, r.sample_id), "reward", fmt(r.reward),
     "rewards", Object.entries(r.rewards || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–",
     "advantage", fmt(r.advantage), "correct", fmt(r.correct), "stop reason", r.stop_reason || "–",
     "outcome", r.outcome || "–", "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
     "final answer", h("span", {class: "mono"}, r.final_answer || "–"), "expected", h("span", {class: "mono"}, r.expected || "–"),
-    "policy version", fmt(r.policy_version));
+    "policy version", fmt(r.policy_version),
+    "time", `generation ${fmt(meta.generation_s)} s, tools ${fmt(meta.tool_s)} s`,
+    "parse errors", fmt(meta.parse_errors), "cut-off turns", fmt(meta.cut_turns));
   const same = h("a", {id: "same-sample", href: `#/run/${enc(name)}/same/${enc(kind)}/${enc(r.sample_id)}`},
                  "this sample at every recorded step");
   const parts = [back, h("h1", {}, `${kind} step ${step} · trajectory ${index}`), facts, h("p", {}, same),

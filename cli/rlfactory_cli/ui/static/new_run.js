@@ -21,7 +21,12 @@ window.rlfNewRun = function (main, initial, {h, api, post, put}) {
   function values() {
     const out = {...changed};
     if (rewards && rewardsEdited) out.rewards = rewards;
-    if (mcpText.value.trim()) out.mcpServers_json = mcpText.value;
+    if (mcpText.value.trim()) {
+      out.mcpServers_json = mcpText.value;
+      // the tool pool: the listed tools left ticked (all of them: no restriction)
+      const boxes = [...mcpOut.querySelectorAll("input[data-tool]")];
+      if (boxes.some(b => !b.checked)) out["env_options.tools"] = boxes.filter(b => b.checked).map(b => b.dataset.tool);
+    }
     return out;
   }
 
@@ -101,7 +106,7 @@ window.rlfNewRun = function (main, initial, {h, api, post, put}) {
       problems.length ? h("div", {class: "errors"}, problems.map(p => h("div", {}, `${p.plugin || p.distribution}: ${p.message}`))) : "",
       ...groups,
       h("h2", {}, "MCP servers"),
-      h("p", {class: "muted"}, "An mcpServers JSON (as Claude Desktop and Cursor use). With env mcp the run gets these servers' tools; list them before launching."),
+      h("p", {class: "muted"}, "An mcpServers JSON (as Claude Desktop and Cursor use). With env mcp the run gets these servers' tools (and env_options.data, a JSONL of tasks); list them, and untick the ones the run should not offer."),
       mcpText, h("div", {}, h("button", {type: "button", id: "list-mcp-tools", onclick: listTools}, "List their tools")), mcpOut);
   }
 
@@ -120,7 +125,9 @@ window.rlfNewRun = function (main, initial, {h, api, post, put}) {
     put(mcpOut, 
       ...(b.errors || []).map(e => h("div", {class: "error"}, e)), r.ok ? "" : h("div", {class: "error"}, b.error || "failed"),
       ...(b.servers || []).map(s => h("div", {class: "mcp-server"}, h("strong", {}, s.name), s.error ? h("span", {class: "error"}, ` ${s.error}`) : "",
-        h("ul", {}, (s.tools || []).map(t => h("li", {}, h("span", {class: "mono"}, t.name), " ", h("span", {class: "muted"}, t.description || "")))))));
+        h("ul", {}, (s.tools || []).map(t => h("li", {}, h("label", {},
+          h("input", {type: "checkbox", checked: true, "data-tool": t.name}), " ",
+          h("span", {class: "mono"}, t.name), " ", h("span", {class: "muted"}, t.description || ""))))))));
   }
 
   function showErrors(errors) {
