@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("ray")
 
 import ray  # noqa: E402
+import torch  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from rlfactory_core.engines import rollout_config_for  # noqa: E402
@@ -113,8 +114,12 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
             rewards = [1.0, 0.0, 0.5, 0.2, 0.0, 1.0, 0.3, 0.3]
             batch = build_batch(trajectories, rewards, config, tokenizer.pad_token_id)
             assert len(micro_batches(list(range(8)), batch["lengths"], 200)) > 2
-            local_stats = await local.update(batch.clone(), 1)
-            ray_stats = await remote.update(batch.clone(), 1)
+            # rows 0-3 recorded (rlfactory_core.records): both engines leave their logprobs before the update
+            batch["recorded"] = torch.tensor([True] * 4 + [False] * 4)
+            local_batch, ray_batch = batch.clone(), batch.clone()
+            local_stats = await local.update(local_batch, 1)
+            ray_stats = await remote.update(ray_batch, 1)
+            recorded = (local_batch["trainer_logprobs"], ray_batch["trainer_logprobs"], batch["loss_mask"])
             await local.sync_weights()
             os.kill(await remote.rollout_workers[1].pid.remote(), signal.SIGKILL)
             await remote.sync_weights()  # worker 0 loads the weights; worker 1 is replaced, from them
@@ -128,12 +133,16 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
             with pytest.raises(RLFactoryError) as used_up:
                 await remote.rollout(samples, next_config, group_size=1)
             return (local_stats, ray_stats, dict(local.policy.state_dict()), ray_weights, base_next, local_next,
-                    ray_next, used_up.value)
+                    ray_next, used_up.value, recorded)
         finally:
             await remote.close()
             await local.close()
 
-    local_stats, ray_stats, local_weights, ray_weights, base_next, local_next, ray_next, used_up = asyncio.run(run())
+    (local_stats, ray_stats, local_weights, ray_weights, base_next, local_next, ray_next, used_up,
+     (local_logprobs, ray_logprobs, mask)) = asyncio.run(run())
+    trained = mask[:4].bool()
+    assert local_logprobs[:4][trained].abs().sum() > 0 and not ray_logprobs[4:].any()
+    assert torch.allclose(ray_logprobs[:4][trained], local_logprobs[:4][trained], atol=1e-5)
     base = LlamaForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert set(ray_weights) == set(local_weights)
     moved = max(float((local_weights[k] - base[k]).abs().max()) for k in base)
