@@ -27,7 +27,7 @@ one row per trajectory:
   error; the classes of failure-aware training will refine it), ``error`` (why, when it did),
   ``final_answer``, ``expected`` (JSON), ``num_turns``, ``tool_error_kinds``;
 - ``messages``: the conversation (``role``, ``content``, ``name``, ``tool_call_id``,
-  ``tool_calls`` as JSON); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
+  ``tool_calls`` as JSON, ``turn``: -1 for the prompt's messages, few-shot turns included); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
   ``id``, ``turn``, ``result``, ``error`` (its kind), ``latency_s``;
 - ``sequences``: the token sequences the trajectory is made of (one today; templates that drop
   past reasoning and agents that rewrite their history make several), each with per-token
@@ -81,7 +81,7 @@ def _schema() -> Any:
                           ("sampler_logprob", floats), ("trainer_logprob", floats), ("advantage", floats),
                           ("policy_version", ints)])
     message = pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string()),
-                         ("tool_call_id", pa.string()), ("tool_calls", pa.string())])
+                         ("tool_call_id", pa.string()), ("tool_calls", pa.string()), ("turn", pa.int16())])
     call = pa.struct([("name", pa.string()), ("arguments", pa.string()), ("id", pa.string()), ("turn", pa.int16()),
                       ("result", pa.string()), ("error", pa.string()), ("latency_s", pa.float64())])
     return pa.schema([
@@ -133,7 +133,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
             "num_turns": trajectory.num_turns, "num_tokens": len(sequence["token_ids"]),
             "tool_error_kinds": sorted(trajectory.metadata.get("tool_errors", {})),
-            "messages": [_message(m) for m in trajectory.messages], "tool_calls": _calls(trajectory),
+            "messages": _messages(trajectory), "tool_calls": _calls(trajectory),
             "sequences": [sequence],
             "metadata": json.dumps({k: v for k, v in trajectory.metadata.items()}, ensure_ascii=False, default=str),
         })
@@ -206,12 +206,23 @@ def _sequence(trajectory: Any, pieces: _PieceCache, policy_version: int, token_a
             "policy_version": versions}
 
 
-def _message(message: Any) -> dict[str, Any]:
+def _messages(trajectory: Any) -> list[dict[str, Any]]:
+    """The conversation, each message with its model turn: -1 for the prompt's (few-shot
+    examples included), k for turn k's model message and the observation after it."""
+    turns: list[int] = []
+    for part in trajectory.segments:
+        turn = (turns[-1] if turns else -1) + (part.kind == "model")
+        turns += [turn] * part.num_messages
+    turns = [-1] * max(0, len(trajectory.messages) - len(turns)) + turns
+    return [_message(m, turn) for m, turn in zip(trajectory.messages, turns[-len(trajectory.messages):] or [])]
+
+
+def _message(message: Any, turn: int) -> dict[str, Any]:
     calls = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in message.tool_calls]
     return {"role": str(message.role), "content": message.content if isinstance(message.content, str)
             else json.dumps(message.content, default=str), "name": message.name,
             "tool_call_id": message.tool_call_id,
-            "tool_calls": json.dumps(calls, ensure_ascii=False, default=str) if calls else None}
+            "tool_calls": json.dumps(calls, ensure_ascii=False, default=str) if calls else None, "turn": turn}
 
 
 def _calls(trajectory: Any) -> list[dict[str, Any]]:

@@ -99,6 +99,7 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
     assert record["tool_calls"] == [{"name": "calc", "arguments": '{"expr": "2+3"}', "id": "c1", "turn": 0,
                                      "result": "5", "error": "timeout", "latency_s": 0.25}]
     assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert [m["turn"] for m in record["messages"]] == [-1, 0, 0, 1]  # the prompt's, then each turn's
     assert json.loads(record["messages"][1]["tool_calls"])[0]["arguments"] == {"expr": "2+3"}
     assert record["rewards"] == {"exact_match": 1.0}
     assert record["turn_rewards"] == [0.0, 0.5] and record["group"] == 0 and not record["text_only"]

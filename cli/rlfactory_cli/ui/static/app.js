@@ -352,10 +352,13 @@ function conversation(record) {
   const calls = record.tool_calls || [];
   let assistantTurn = -1;
   return h("div", {class: "conversation", id: "conversation"}, (record.messages || []).map(m => {
-    const turn = m.role === "assistant" ? ++assistantTurn : null;
+    // the record's turn (-1: the prompt's messages, few-shot examples included); counted for old records
+    const counted = m.role === "assistant" ? ++assistantTurn : null;
+    const turn = m.turn === undefined || m.turn === null ? counted : (m.role === "assistant" && m.turn >= 0 ? m.turn : null);
     const made = turn === null ? [] : calls.filter(c => c.turn === turn);
     return h("div", {class: `msg ${m.role}`, dataset: turn === null ? {} : {turn}},
-      h("div", {class: "role"}, m.role, m.name ? ` · ${m.name}` : "", turn === null ? "" : ` · turn ${turn}`),
+      h("div", {class: "role"}, m.role, m.name ? ` · ${m.name}` : "", turn === null ? "" : ` · turn ${turn}`,
+        m.turn === -1 ? " · prompt" : ""),
       m.content ? h("div", {class: "body"}, m.content) : null,
       made.map(c => h("div", {class: `call${c.error ? " failed" : ""}`},
         h("div", {class: "mono"}, `→ ${c.name}(${c.arguments})`),
