@@ -26,12 +26,17 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal
 
 from ._fs import write_text_atomic
 from ._proc import process_exists
+from .errors import RLFactoryError
 
-__all__ = ["STATUS_FILE", "HEARTBEAT_S", "STALE_AFTER_S", "RunStatus", "StatusWriter", "read_status"]
+__all__ = ["STATUS_FILE", "LOCK_FILE", "HEARTBEAT_S", "STALE_AFTER_S", "RunStatus", "StatusWriter", "read_status",
+           "hold_run", "holds_run", "RunInUse"]
+
+#: Held (``flock``) by the one ``rlf train`` working in a run directory, for its whole life.
+LOCK_FILE = ".lock"
 
 STATUS_FILE = "status.json"
 #: How often a live run rewrites its status.
@@ -172,3 +177,51 @@ def _int_or_none(value: object) -> int | None:
 
 def _float_or_none(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+class RunInUse(RLFactoryError):
+    """Another process trains in the run directory."""
+
+
+def hold_run(run_dir: str | os.PathLike[str]) -> IO[str]:
+    """Take ``run_dir``'s lock for this process's life (keep the returned file open; closing
+    it, or the process ending however it ends, releases it), so two trainers never write one
+    run (a double-clicked resume, a second terminal). The file names the holder's pid.
+
+    Raises:
+        RunInUse: another process holds it.
+    """
+    import fcntl
+
+    path = Path(run_dir) / LOCK_FILE
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise RunInUse(f"{run_dir} is in use by another rlf train (pid {holder})",
+                       hint="stop that one first (rlf ui's Stop, or Ctrl-C in its terminal)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def holds_run(pid: int, run_dir: str | os.PathLike[str]) -> bool:
+    """Whether process ``pid`` has ``run_dir``'s lock file open (Linux: ``/proc/PID/fd``): the
+    proof that it is that run's trainer, not a process that reused the number."""
+    lock = (Path(run_dir) / LOCK_FILE).resolve()
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if Path(os.readlink(fd)) == lock:
+                return True
+        except OSError:
+            continue
+    return False

@@ -105,7 +105,7 @@ from .plugins import notify
 from .preflight import raise_problems, run_problems
 from .records import trajectory_records, write_records
 from .rollout import rollout_metrics
-from .run_status import StatusWriter
+from .run_status import StatusWriter, hold_run
 from .runs import new_run_dir, write_run_files
 from .stopping import PhaseDropped, RunStopper
 from .training.assembly import BatchAssembler, group_filters
@@ -160,8 +160,22 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
         await task.close()  # an MCP env's servers, a judge's client
         raise
 
-    # ---- the run directory, the engine
+    # ---- the run directory (this process's alone: rlfactory_core.run_status.hold_run), the engine
     run_dir = resume if resume is not None else new_run_dir(config)
+    try:
+        lock = hold_run(run_dir)
+    except BaseException:
+        await task.close()
+        raise
+    with lock:
+        return await _in_run_dir(config, task, run_dir, checkpoint, train_samples, eval_samples, base_path, tokenizer,
+                                 processor, console)
+
+
+async def _in_run_dir(config: RunConfig, task: Any, run_dir: Path, checkpoint: Path | None,
+                      train_samples: Sequence[Any], eval_samples: Sequence[Any], base_path: Path, tokenizer: Any,
+                      processor: Any, console: Any) -> Path:
+    """Announced, logged and run in ``run_dir``, with its status kept."""
     _announce(console, config, run_dir, checkpoint)
     if (warning := bf16_warning(config.train.bf16, training_device(config))) is not None:
         _say(console, f"warning: {warning}")

@@ -322,3 +322,8 @@ def test_cli_models_list_and_prepare(default_model_dir, rlf):
 
     code, out, _ = rlf("models")
     assert code in (0, 2) and "prepare" in out and "list" in out  # no_args_is_help
+
+
+def test_a_model_name_too_long_for_a_path_is_a_clear_error():
+    with pytest.raises(ModelError, match="300 characters, too long"):
+        resolve_model("a" * 300)

@@ -6,6 +6,7 @@ with SIGKILL in tests/test_stopping.py."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -111,3 +112,32 @@ def test_a_failed_run_says_why(tmp_path, tiny_model_dir):
     status = read_status(run_dir)
     assert status.state == "failed" and status.step == 0
     assert status.message.startswith(("FileExistsError", "NotADirectoryError")), status.message
+
+
+def test_one_trainer_holds_a_run_and_only_it_counts_as_its_process(tmp_path):
+    """hold_run: a second trainer on the same run is refused; holds_run tells the run's trainer
+    from a process that merely claims its pid (a reused pid, another run's trainer)."""
+    import subprocess
+    import sys
+
+    from rlfactory_core.run_status import RunInUse, hold_run, holds_run
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from rlfactory_core.run_status import hold_run\n"
+                               f"lock = hold_run({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    impostor = subprocess.Popen(["sleep", "60"])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunInUse, match=f"in use by another rlf train \\(pid {holder.pid}\\)"):
+            hold_run(tmp_path)
+        assert holds_run(holder.pid, tmp_path) and not holds_run(impostor.pid, tmp_path)
+        assert not holds_run(holder.pid, tmp_path / "elsewhere")
+    finally:
+        holder.kill()
+        impostor.kill()
+        holder.wait()
+        impostor.wait()
+    with hold_run(tmp_path):  # released with the process, however it ended
+        assert holds_run(os.getpid(), tmp_path)
+    assert not holds_run(os.getpid(), tmp_path)

@@ -20,6 +20,7 @@ load through them.
 from __future__ import annotations
 
 import functools
+import errno
 import os
 import socket
 from pathlib import Path
@@ -59,6 +60,12 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> str | Path:
     if not isinstance(name_or_path, os.PathLike) and text in EMBEDDED_MODELS:
         return prepare_model(text)
     path = Path(text).expanduser()
+    try:
+        path.stat()
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:  # is_dir() would raise it, not say False
+            raise ModelError(f"model name {text[:60]!r}... is {len(text)} characters, too long for a path or a hub id",
+                             hint=LOCAL_HINT) from None
     if path.is_dir():
         if (path / "config.json").is_file():
             return path.absolute()

@@ -4,8 +4,10 @@ A launched run is an ordinary ``rlf train --config RUN_DIR/ui-config.yaml`` in a
 (closing the UI or pressing Ctrl-C in its terminal does not stop it), its terminal output in
 ``RUN_DIR/console.txt``. Stop sends SIGTERM, which the run answers by finishing or dropping
 its step and checkpointing (rlfactory_core.stopping); resume is ``rlf train --resume RUN_DIR``.
-A process is only signalled when the run's ``status.json`` names it on this host and it is
-still an ``rlf train`` of that run (a pid the system reused for something else is left alone).
+A process is only signalled when the run's ``status.json`` names it on this host and it holds
+the run's lock file open (``rlfactory_core.run_status.hold_run``: a pid the system reused, or
+another run's trainer, is left alone), or when this UI launched it and it still runs. A resume
+is refused while a trainer holds the run (the trainer refuses a second one too).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from rlfactory_core.run_status import read_status
+from rlfactory_core.run_status import LOCK_FILE, holds_run, read_status
 
 from .security import run_dir_of
 
@@ -58,8 +60,10 @@ class Launcher:
     def resume(self, name: str) -> None:
         run_dir = run_dir_of(self.runs_dir, name)
         status = read_status(run_dir)
-        if status.state == "running":
-            raise LaunchError(f"{name} is running (pid {status.pid}): stop it first")
+        with self.lock:
+            child = self.children.get(name)
+        if status.state == "running" or (child is not None and child.poll() is None) or _in_use(run_dir):
+            raise LaunchError(f"{name} is running (pid {status.pid or child and child.pid}): stop it first")
         if not (run_dir / "config.yaml").exists():
             raise LaunchError(f"{name} has no config.yaml: it never started, so there is nothing to resume")
         if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
@@ -80,8 +84,9 @@ class Launcher:
             pid = child.pid
         elif status.state != "running":
             raise LaunchError(f"{name} is not running ({status.state})")
-        if not self._is_train_of(pid, run_dir):
-            raise LaunchError(f"process {pid} is not {name}'s rlf train: not signalled")
+        if not self._launched(pid) and not holds_run(pid, run_dir):
+            raise LaunchError(f"process {pid} does not hold {name}'s lock: it is not that run's rlf train, "
+                              f"so it is not signalled")
         os.kill(pid, signal.SIGTERM)
         return pid
 
@@ -110,15 +115,23 @@ class Launcher:
         # reaped when it ends: a zombie would look alive to the status check
         threading.Thread(target=child.wait, name=f"reap-{name}", daemon=True).start()
 
-    def _is_train_of(self, pid: int, run_dir: Path) -> bool:
-        """Whether ``pid`` (named by the run's status, or launched here) is still an ``rlf
-        train`` (Linux: its command line), not a process that reused the number."""
+    def _launched(self, pid: int) -> bool:
+        """Whether ``pid`` is a run this UI started and that still runs."""
         with self.lock:
-            if any(child.pid == pid and child.poll() is None for child in self.children.values()):
+            return any(child.pid == pid and child.poll() is None for child in self.children.values())
+
+
+def _in_use(run_dir: Path) -> bool:
+    """Whether an ``rlf train`` holds ``run_dir``'s lock (rlfactory_core.run_status.hold_run)."""
+    import fcntl
+
+    try:
+        with open(run_dir / LOCK_FILE, "r", encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
                 return True
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            return False
-        return "train" in argv and any(Path(arg).name in ("rlf", "rlfactory_cli") or arg == "rlfactory_cli"
-                                       for arg in argv)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except FileNotFoundError:
+        return False
+    return False

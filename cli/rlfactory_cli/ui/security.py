@@ -135,7 +135,10 @@ def resolve_in(root: Path, *parts: str) -> Path:
     base = Path(root).resolve()
     for part in parts:
         _check_part(part)
-    resolved = base.joinpath(*parts).resolve()
+    try:
+        resolved = base.joinpath(*parts).resolve()
+    except (RuntimeError, OSError):  # a symlink loop (RuntimeError before Python 3.13), a name too long
+        raise PathRefused(f"refused path {'/'.join(parts)!r}: it cannot be resolved (a symlink loop?)") from None
     if resolved == base or not resolved.is_relative_to(base):
         raise PathRefused(f"refused path {'/'.join(parts)!r}: it leads outside {base.name or base}")
     return resolved

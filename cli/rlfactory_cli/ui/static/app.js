@@ -34,8 +34,22 @@ function kv(...parts) {
   return h("div", {class: "kv"}, parts.map(p => p instanceof Node ? p : h("span", {}, p === null || p === undefined ? "–" : String(p))));
 }
 
+const banner = document.getElementById("banner");
+
 async function api(path, options) {
-  const response = await fetch(path, {credentials: "same-origin", ...(options || {})});
+  let response;
+  try {
+    response = await fetch(path, {credentials: "same-origin", ...(options || {})});
+  } catch (e) {  // the server is gone: say so, keep what is on screen
+    banner.textContent = "The rlf ui server cannot be reached: what you see may be stale. Start it again and reload.";
+    banner.hidden = false;
+    return {ok: false, status: 0, body: {error: "the server cannot be reached"}};
+  }
+  banner.hidden = true;
+  if (response.status === 401) {
+    banner.textContent = "Not signed in: open the URL that rlf ui printed (it carries the access token).";
+    banner.hidden = false;
+  }
   let body = null;
   try { body = await response.json(); } catch (e) { body = {error: `${response.status} ${response.statusText}`}; }
   if (!response.ok && !(body && (body.errors || body.error))) body = {error: `${response.status} ${response.statusText}`};
@@ -59,13 +73,21 @@ function errorList(errors) {
   return h("div", {class: "errors"}, entries.map(([part, message]) => h("div", {}, `${part}: ${message}`)));
 }
 
+// plotly renders names and titles as its own HTML subset (links included): give it text
+const plain = text => String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+
 function plot(el, traces, layout) {
+  traces = traces.map(t => ({...t, name: plain(t.name)}));
+  if (layout.title && layout.title.text !== undefined) layout = {...layout, title: {...layout.title, text: plain(layout.title.text)}};
+  const steps = traces.flatMap(t => t.x || []);
+  const last = steps.length ? Math.max(...steps.slice(-5000)) : 1;
   if (!window.Plotly) { el.textContent = "plotly.js did not load"; return; }
   const {title, ...rest} = layout;
   Plotly.react(el, traces, {margin: {l: 45, r: 10, t: 32, b: 28}, font: {size: 11},
                             title: {...title, x: 0.01, xanchor: "left", font: {size: 13}},
                             legend: {orientation: "h", x: 0, y: -0.12, yanchor: "top"}, showlegend: traces.length > 1,
-                            xaxis: {automargin: true}, yaxis: {automargin: true}, hovermode: "x unified", ...rest},
+                            xaxis: {automargin: true, tick0: 0, dtick: Math.max(1, Math.ceil(last / 8))},
+                            yaxis: {automargin: true}, hovermode: "x unified", ...rest},
                {displaylogo: false, responsive: true, displayModeBar: "hover"});
 }
 
@@ -74,6 +96,7 @@ function every(ms, fn) { clearInterval(timer); timer = setInterval(fn, ms); }
 // ---------------------------------------------------------------- runs
 
 async function showRuns() {
+  document.title = "Runs · rlf ui";
   const table = h("tbody");
   const selected = new Set();
   const compareButton = h("button", {id: "compare", disabled: true, onclick: () => compare()}, "Compare selected");
@@ -141,6 +164,7 @@ const PANELS = [
 ];
 
 async function showRun(name) {
+  document.title = `${name} · rlf ui`;
   const head = h("div");
   const plots = h("div", {class: "plots", id: "plots"});
   const plotNote = h("div", {id: "plot-note"});
@@ -149,6 +173,7 @@ async function showRun(name) {
   put(main, head, plotNote, plots, h("h2", {}, "Trajectories"), trajectories, details);
   const panels = new Map();
   let recorded = null;
+  let acting = false;  // a resume just sent: its button stays off until the run says running
 
   async function refreshHead() {
     const {ok, body} = await api(`/api/runs/${enc(name)}`);
@@ -158,10 +183,12 @@ async function showRun(name) {
       const r = await post(`/api/runs/${enc(name)}/stop`);
       message.textContent = r.ok ? `sent SIGTERM to ${r.body.pid}: the run checkpoints and stops` : r.body.error;
     }}, "Stop");
-    const resume = h("button", {id: "resume", disabled: body.state === "running", onclick: async () => {
+    const resume = h("button", {id: "resume", disabled: body.state === "running" || acting, onclick: async () => {
       resume.disabled = true;
+      acting = true;
       const r = await post(`/api/runs/${enc(name)}/resume`);
       message.textContent = r.ok ? "resuming" : r.body.error;
+      setTimeout(() => { acting = false; }, 15000);  // until its status says running
     }}, "Resume");
     const message = h("span", {id: "run-message", class: "muted"}, body.message || "");
     put(head, 
@@ -197,7 +224,8 @@ async function showRun(name) {
         return {x: points.map(p => p[0]), y: points.map(p => p[1]), name: panel.prefix ? k.slice(panel.prefix.length) : k,
                 type: panel.bars ? "bar" : "scatter", mode: "lines+markers", stackgroup: panel.stack ? "one" : undefined};
       });
-      plot(el, traces, {title: {text: panel.title}, barmode: panel.bars ? "stack" : undefined});
+      plot(el, traces, {title: {text: panel.title}, barmode: panel.bars ? "stack" : undefined,
+                        ...(panel.prefix ? {showlegend: true} : {})});  // one stop reason still named
     }
     // in PANELS order, whichever appeared first (a new run has its held-out eval before any step)
     const order = PANELS.map(p => panels.get(p.title)).filter(Boolean);
@@ -239,18 +267,23 @@ function showTrajectoryList(box, name, recorded) {
   const toolError = h("select", {id: "tool-error"}, h("option", {value: ""}, "any"));
   const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
   const rows = h("tbody");
-  const status = h("div", {class: "muted"});
+  const PAGE = 200;
+  let offset = 0;
+  const previous = h("button", {type: "button", id: "previous-page", onclick: () => { offset = Math.max(0, offset - PAGE); load(); }}, "previous");
+  const next = h("button", {type: "button", id: "next-page", onclick: () => { offset += PAGE; load(); }}, "next");
+  const status = h("span", {class: "muted"});
   const errors = h("div");
 
   function fillSteps() {
     const steps = recorded[kind.value] || [];
     const current = step.value;
     put(step, h("option", {value: ""}, "all steps"), ...steps.map(s => h("option", {value: s}, `step ${s}`)));
-    step.value = current && (current === "" || steps.includes(Number(current))) ? current : String(steps[steps.length - 1]);
+    const keep = current === "" && step.dataset.chosen === "all" || steps.includes(Number(current));
+    step.value = keep ? current : String(steps[steps.length - 1]);
   }
 
   async function load() {
-    const params = new URLSearchParams({kind: kind.value, limit: "200"});
+    const params = new URLSearchParams({kind: kind.value, limit: String(PAGE), offset: String(offset)});
     if (step.value !== "") params.set("step", step.value);
     if (minReward.value !== "") params.set("min_reward", minReward.value);
     if (maxReward.value !== "") params.set("max_reward", maxReward.value);
@@ -265,23 +298,27 @@ function showTrajectoryList(box, name, recorded) {
       put(select, h("option", {value: ""}, "any"), ...values.map(v => h("option", {value: v}, v)));
       select.value = values.includes(current) ? current : "";
     }
-    status.textContent = `${body.total} trajectories${body.total > body.rows.length ? ` (first ${body.rows.length} shown)` : ""}`;
+    status.textContent = `${body.total} trajectories` +
+      (body.total > body.rows.length ? `, ${offset + 1}–${offset + body.rows.length} shown` : "");
+    previous.disabled = offset === 0;
+    next.disabled = offset + body.rows.length >= body.total;
     put(rows, ...body.rows.map(r => h("tr", {class: "clickable trajectory-row", dataset: {index: r.index, step: r.step},
         onclick: () => { location.hash = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`; }},
       h("td", {}, r.step), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
       h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
       h("td", {}, r.stop_reason || "–"), h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
-      h("td", {class: "mono"}, (r.final_answer || "").slice(0, 80)))));
+      h("td", {class: "mono"}, String(r.final_answer ?? "").slice(0, 80)))));
   }
 
-  for (const el of [kind, step, stopReason, toolError]) el.addEventListener("change", () => { if (el === kind) fillSteps(); load(); });
-  for (const el of [minReward, maxReward, sampleId]) el.addEventListener("change", load);
-  box.addEventListener("recorded", e => { recorded = e.detail; fillSteps(); });
+  for (const el of [kind, step, stopReason, toolError]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
+  for (const el of [minReward, maxReward, sampleId]) el.addEventListener("change", () => { offset = 0; load(); });
+  step.addEventListener("change", () => { step.dataset.chosen = step.value === "" ? "all" : ""; });
+  box.addEventListener("recorded", e => { recorded = e.detail; fillSteps(); if (step.value === "") load(); });
   put(box, 
     h("div", {class: "toolbar"}, h("label", {}, "kind", kind), h("label", {}, "step", step),
       h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
       h("label", {}, "tool error", toolError), sampleId),
-    status, errors,
+    h("div", {class: "toolbar"}, status, previous, next), errors,
     h("table", {id: "trajectory-table"}, h("thead", {}, h("tr", {}, ["step", "#", "sample", "group", "reward", "advantage",
       "stop", "turns", "tool errors", "final answer"].map(c => h("th", {}, c)))), rows));
   fillSteps();
@@ -316,14 +353,22 @@ const COLOUR_MODES = {
 const SEGMENTS = ["prompt", "model", "observation"];
 
 function tokenView(sequence, mode) {
+  for (const key of ["token_ids", "pieces", "segment", "turn", "loss_mask", "sampler_logprob", "trainer_logprob",
+                     "advantage", "policy_version"]) sequence[key] = sequence[key] || [];
   const n = sequence.token_ids.length;
-  const maxAbs = values => Math.max(1e-6, ...values.filter(v => v !== null).map(Math.abs));
+  const maxAbs = values => {  // a loop: a 128k-token sequence is too many arguments for Math.max
+    let most = 1e-6;
+    for (const v of values) if (v !== null && v !== undefined && Math.abs(v) > most) most = Math.abs(v);
+    return most;
+  };
   const scale = {advantage: maxAbs(sequence.advantage),
                  drift: maxAbs(sequence.trainer_logprob.map((t, i) => t === null || sequence.sampler_logprob[i] === null ? null : t - sequence.sampler_logprob[i]))};
   const box = h("div", {class: "tokens", id: "tokens"});
   const spans = [];
   for (let i = 0; i < n; i++) {
-    spans.push(h("span", {class: `tok seg-${sequence.segment[i]}`, dataset: {i, mask: sequence.loss_mask[i]},
+    const piece = String(sequence.pieces[i] ?? "");
+    const marks = piece.includes("\n") ? " nl" : piece.trim() === "" ? " ws" : "";
+    spans.push(h("span", {class: `tok seg-${sequence.segment[i]}${marks}`, dataset: {i, mask: sequence.loss_mask[i]},
                           style: {background: COLOUR_MODES[mode].colour(sequence, i, scale)}}, sequence.pieces[i]));
   }
   box.append(...spans);
@@ -346,12 +391,22 @@ function tokenView(sequence, mode) {
   return box;
 }
 
+// text over LONG_TEXT characters shown cut, with a button for the rest (a 5 MB tool result)
+const LONG_TEXT = 20000;
+function longText(text, cls = "body") {
+  if (text.length <= LONG_TEXT) return h("div", {class: cls}, text);
+  const box = h("div", {class: cls}, text.slice(0, LONG_TEXT));
+  const more = h("button", {type: "button", onclick: () => { box.textContent = text; more.remove(); }},
+                 `show all ${text.length.toLocaleString()} characters`);
+  return h("div", {}, box, more);
+}
+
 function conversation(record) {
   // each model turn with the tool calls parsed from it (their results and errors follow as
   // the next messages, as the model saw them)
-  const calls = record.tool_calls || [];
+  const calls = (record.tool_calls || []).filter(Boolean);
   let assistantTurn = -1;
-  return h("div", {class: "conversation", id: "conversation"}, (record.messages || []).map(m => {
+  return h("div", {class: "conversation", id: "conversation"}, (record.messages || []).filter(Boolean).map(m => {
     // the record's turn (-1: the prompt's messages, few-shot examples included); counted for old records
     const counted = m.role === "assistant" ? ++assistantTurn : null;
     const turn = m.turn === undefined || m.turn === null ? counted : (m.role === "assistant" && m.turn >= 0 ? m.turn : null);
@@ -359,7 +414,7 @@ function conversation(record) {
     return h("div", {class: `msg ${m.role}`, dataset: turn === null ? {} : {turn}},
       h("div", {class: "role"}, m.role, m.name ? ` · ${m.name}` : "", turn === null ? "" : ` · turn ${turn}`,
         m.turn === -1 ? " · prompt" : ""),
-      m.content ? h("div", {class: "body"}, m.content) : null,
+      m.content ? longText(String(m.content)) : null,
       made.map(c => h("div", {class: `call${c.error ? " failed" : ""}`},
         h("div", {class: "mono"}, `→ ${c.name}(${c.arguments})`),
         h("div", {class: c.error ? "error" : "muted"}, c.error ? `error: ${c.error}` : "ok",
@@ -368,6 +423,8 @@ function conversation(record) {
 }
 
 async function showTrajectory(name, kind, step, index) {
+  document.title = `${name} ${kind} ${step}/${index} · rlf ui`;
+  put(main, h("p", {class: "muted"}, "loading…"));  // never the previous trajectory under this URL
   const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories/${enc(kind)}/${step}/${index}`);
   const back = h("a", {href: runLink(name)}, `← ${name}`);
   if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
@@ -378,7 +435,8 @@ async function showTrajectory(name, kind, step, index) {
     "rewards", Object.entries(r.rewards || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–",
     "advantage", fmt(r.advantage), "correct", fmt(r.correct), "stop reason", r.stop_reason || "–",
     "outcome", r.outcome || "–", "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
-    "final answer", h("span", {class: "mono"}, r.final_answer || "–"), "expected", h("span", {class: "mono"}, r.expected || "–"),
+    "final answer", h("span", {class: "mono"}, String(r.final_answer ?? "–").slice(0, LONG_TEXT)),
+    "expected", h("span", {class: "mono"}, String(r.expected ?? "–").slice(0, LONG_TEXT)),
     "policy version", fmt(r.policy_version),
     "time", `generation ${fmt(meta.generation_s)} s, tools ${fmt(meta.tool_s)} s`,
     "parse errors", fmt(meta.parse_errors), "cut-off turns", fmt(meta.cut_turns));
@@ -389,7 +447,7 @@ async function showTrajectory(name, kind, step, index) {
                  (r.reward_errors || []).length ? h("div", {class: "error"}, r.reward_errors.join("; ")) : null];
   if (r.text_only) {
     parts.push(h("p", {class: "muted"}, "Recorded before token-level records: text only."),
-               h("pre", {id: "text"}, r.text || ""));
+               h("pre", {id: "text"}, typeof r.text === "string" ? r.text : JSON.stringify(r.text ?? "")));
     if ((r.tool_calls || []).length) parts.push(h("h2", {}, "Tool calls"), h("pre", {}, r.tool_calls.map(c => `${c.name}(${c.arguments})`).join("\n")));
     put(main, ...parts);
     return;
@@ -399,7 +457,7 @@ async function showTrajectory(name, kind, step, index) {
   let mode = "mask";
   const modeSelect = h("select", {id: "colour-mode", onchange: e => { mode = e.target.value; drawTokens(); }},
     Object.entries(COLOUR_MODES).map(([k, m]) => h("option", {value: k}, m.label)));
-  const sequences = r.sequences || [];
+  const sequences = (r.sequences || []).filter(Boolean);
   function drawTokens() {
     put(legend, ...COLOUR_MODES[mode].legend.map(([c, text]) => h("span", {}, h("span", {class: "swatch", style: {background: c}}), " ", text)));
     put(tokensBox, ...sequences.map((s, k) => h("div", {},
@@ -443,7 +501,13 @@ async function showNewRun() {
 function route() {
   clearInterval(timer);
   tooltip.hidden = true;
-  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  let parts;
+  try {
+    parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  } catch (e) {  // a malformed address
+    put(main, h("h1", {}, "Not found"), h("p", {}, h("a", {href: "#/"}, "all runs")));
+    return;
+  }
   if (parts[0] === "run" && parts[2] === "t") return showTrajectory(parts[1], parts[3], Number(parts[4]), Number(parts[5]));
   if (parts[0] === "run" && parts[2] === "same") return showSameSample(parts[1], parts[3], parts.slice(4).join("/"));
   if (parts[0] === "run" && parts[1]) return showRun(parts[1]);

@@ -146,7 +146,11 @@ window.rlfNewRun = function (main, initial, {h, api, post, put}) {
 
   async function check(path) {
     result.textContent = "checking…";
-    const r = await post(path, values());
+    const buttons = [...main.querySelectorAll("#validate, #launch, #export")];
+    for (const b of buttons) b.disabled = true;  // one launch per click, however fast the clicks
+    let r;
+    try { r = await post(path, values()); } finally { for (const b of buttons) b.disabled = false; }
+    r.body = r.body || {};
     showErrors(r.body.errors);
     if (r.body.ok) { result.textContent = path.endsWith("launch") ? `launched ${r.body.run}` : "valid"; }
     else result.textContent = r.body.error || `${(r.body.errors || []).length} problem(s)`;
