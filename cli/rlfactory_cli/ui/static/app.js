@@ -367,11 +367,17 @@ function tokenView(sequence, mode) {
   const spans = [];
   for (let i = 0; i < n; i++) {
     const piece = String(sequence.pieces[i] ?? "");
-    const marks = piece.includes("\n") ? " nl" : piece.trim() === "" ? " ws" : "";
+    // a visible mark for tokens that show nothing: a newline, an empty piece, tabs and the like
+    const marks = piece.includes("\n") ? " nl" : piece === "" ? " empty" : piece.trim() === "" && !piece.includes(" ") ? " ws" : "";
     spans.push(h("span", {class: `tok seg-${sequence.segment[i]}${marks}`, dataset: {i, mask: sequence.loss_mask[i]},
                           style: {background: COLOUR_MODES[mode].colour(sequence, i, scale)}}, sequence.pieces[i]));
   }
   box.append(...spans);
+  // opened at the model's first token, not at the top of a long (few-shot) prompt
+  requestAnimationFrame(() => {
+    const first = box.querySelector(".tok.seg-1");
+    if (first) box.scrollTop = Math.max(0, first.offsetTop - 40);  // .tokens is position: relative
+  });
   box.addEventListener("mouseover", e => {
     const el = e.target.closest(".tok");
     if (!el) return;
