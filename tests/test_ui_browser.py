@@ -118,6 +118,7 @@ def test_from_the_runs_list_to_a_trajectory_whose_token_colours_are_its_loss_mas
 
 
 def test_a_run_made_before_records_and_a_damaged_run_still_open(browser, served):
+    browser.get(f"{served['base']}/?token={TOKEN}")
     browser.get(f"{served['base']}/#/run/old/t/eval/1/0")
     wait(browser, lambda d: d.find_elements(By.ID, "text"), message="the text-only view")
     assert "What is 3*4?" in browser.find_element(By.ID, "text").text
@@ -134,6 +135,7 @@ def _set(driver, key, value):
 
 
 def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
+    browser.get(f"{served['base']}/?token={TOKEN}")
     browser.get(f"{served['base']}/#/new")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-key='train.steps']"), message="the form")
     for key, value in (("train.steps", "-1"), ("train.lr", "fast"), ("grpo.group_size", "0"),
@@ -155,7 +157,7 @@ def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
 
 
 def test_a_run_launched_from_the_form_reaches_step_1_live_and_stop_checkpoints_it(browser, served, tiny_model_dir):
-    browser.get(f"{served['base']}/#/runs")
+    browser.get(f"{served['base']}/?token={TOKEN}")  # each test signs in: it may run alone
     browser.get(f"{served['base']}/#/new")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-key='train.steps']"), message="the form")
     settings = {"model.name": str(tiny_model_dir), "backend": "hf", "train.steps": "500", "grpo.prompts_per_step": "2",
