@@ -56,7 +56,7 @@ from ._fs import fsync_dir, temp_path_beside
 from .errors import RLFactoryError
 
 __all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
-           "SCALAR_COLUMNS", "PROMPT", "MODEL", "OBSERVATION"]
+           "SCALAR_COLUMNS", "scalar_schema", "PROMPT", "MODEL", "OBSERVATION"]
 
 SCHEMA_VERSION = 1
 RECORDS_DIR = "trajectories"
@@ -95,6 +95,14 @@ def _schema() -> Any:
         ("messages", pa.list_(message)), ("tool_calls", pa.list_(call)), ("sequences", pa.list_(sequence)),
         ("metadata", pa.string()),
     ], metadata={"rlfactory.schema_version": str(SCHEMA_VERSION)})
+
+
+def scalar_schema() -> Any:
+    """The schema of :meth:`RunRecords.scalars`: the record schema's :data:`SCALAR_COLUMNS`."""
+    import pyarrow as pa
+
+    schema = _schema()
+    return pa.schema([schema.field(name) for name in SCALAR_COLUMNS])
 
 
 # --------------------------------------------------------------------------- writing
@@ -254,11 +262,12 @@ class RunRecords:
     """The recorded trajectories of one run directory.
 
     ``kinds()`` and ``steps(kind)`` say what there is; ``list(kind, step)`` gives the scalar
-    columns of a step's trajectories (:data:`SCALAR_COLUMNS`), ``trajectory(kind, step,
-    index)`` one whole record. A run made before records has its eval text samples
-    (``samples/step-N.jsonl``, kind ``eval``; ``samples/cold_start``, kind
-    ``cold_start_eval``): their records have no ``sequences`` (``"text"`` holds the
-    conversation as the model saw it) and ``"text_only": True``.
+    columns of a step's trajectories (:data:`SCALAR_COLUMNS`; ``scalars`` the same as an Arrow
+    table), ``trajectory(kind, step, index)`` one whole record, read from its step's file
+    alone. A run made before records has its eval text samples (``samples/step-N.jsonl``, kind
+    ``eval``; ``samples/cold_start``, kind ``cold_start_eval``): their records have no
+    ``sequences`` (``"text"`` holds the conversation as the model saw it) and
+    ``"text_only": True``.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str]):
@@ -281,17 +290,25 @@ class RunRecords:
         for directory in reversed(self._dirs(kind)):
             if not directory.is_dir():
                 continue
-            for path in directory.iterdir():
-                match = _FILE.match(path.name)
-                if match and path.is_file():
-                    found[int(match.group(1))] = path
+            with os.scandir(directory) as entries:  # is_file() from the directory entry: no stat per file
+                for entry in entries:
+                    match = _FILE.match(entry.name)
+                    if match and entry.is_file():
+                        found[int(match.group(1))] = Path(entry.path)
         return dict(sorted(found.items()))
 
     def steps(self, kind: str) -> list[int]:
         return list(self.files(kind))
 
     def _path(self, kind: str, step: int) -> Path:
-        path = self.files(kind).get(step)
+        # the names the writers give first (the same precedence as files()), without listing a
+        # directory of a thousand steps to open one
+        for directory in self._dirs(kind):
+            for suffix in (".parquet", ".jsonl"):
+                path = directory / f"step-{step:06d}{suffix}"
+                if path.is_file():
+                    return path
+        path = self.files(kind).get(step)  # a name written another way (more leading zeros)
         if path is None:
             raise RecordError(f"{self.run_dir.name}: no {kind} trajectories recorded at step {step}")
         return path
@@ -303,29 +320,52 @@ class RunRecords:
             return [{k: record.get(k) for k in SCALAR_COLUMNS} for record in self._text_samples(path, kind, step)]
         return self._read(path, SCALAR_COLUMNS).to_pylist()
 
-    def trajectory(self, kind: str, step: int, index: int) -> dict[str, Any]:
-        """The whole record of trajectory ``index`` of ``kind`` at ``step``."""
+    def scalars(self, kind: str, step: int) -> Any:
+        """:meth:`list` as an Arrow table (schema :func:`scalar_schema`, the same for every
+        step, text samples included): a tenth of the memory of the dicts, and filtered without
+        a Python loop over 100k rows."""
+        import pyarrow as pa
+
+        path = self._path(kind, step)
+        try:
+            if path.suffix == ".jsonl":
+                return pa.Table.from_pylist(self.list(kind, step), schema=scalar_schema())
+            table = self._read(path, SCALAR_COLUMNS).replace_schema_metadata(None)
+            return table if table.schema == scalar_schema() else table.cast(scalar_schema())
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise RecordError(f"{path}: a value of the wrong type ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+
+    def trajectory(self, kind: str, step: int, index: int, *, tokens: bool = True) -> dict[str, Any]:
+        """The whole record of trajectory ``index`` of ``kind`` at ``step``; with ``tokens=False``,
+        all but its token arrays (``sequences`` is ``[]``; the rest of the file is not read)."""
         path = self._path(kind, step)
         if path.suffix == ".jsonl":
             records = self._text_samples(path, kind, step)
-        else:
-            import pyarrow.compute as pc
-
-            table = self._read(path, None)
-            records = table.filter(pc.equal(table["index"], index)).to_pylist()
-            # a Parquet map reads back as (key, value) pairs
-            records = [{**r, "rewards": dict(r["rewards"] or ()), "text_only": False} for r in records]
-        found = [r for r in records if r["index"] == index]
-        if not found:
-            raise RecordError(f"{path.name}: no trajectory {index} (it has {len(records)})")
-        return found[0]
+            found = [r for r in records if r["index"] == index]
+            if not found:
+                raise RecordError(f"{path.name}: no trajectory {index} (it has {len(records)})")
+            return found[0]
+        columns = None if tokens else [name for name in _schema().names if name != "sequences"]
+        table = self._read(path, columns)
+        # a record's index is its row (write_records keeps the order); looked up, to be sure
+        indices = table.column("index").to_pylist()
+        row = index if 0 <= index < len(indices) and indices[index] == index else \
+            next((at for at, value in enumerate(indices) if value == index), None)
+        if row is None:
+            raise RecordError(f"{path.name}: no trajectory {index} (it has {len(indices)})")
+        record = table.slice(row, 1).to_pylist()[0]
+        # a Parquet map reads back as (key, value) pairs
+        return {**record, "rewards": dict(record["rewards"] or ()), "sequences": record.get("sequences") or [],
+                "text_only": False}
 
     def _read(self, path: Path, columns: list[str] | None) -> Any:
         import pyarrow.parquet as pq
 
         try:
             file = pq.ParquetFile(path)
-            version = (file.schema_arrow.metadata or {}).get(b"rlfactory.schema_version", b"?").decode()
+            # the file's key-value metadata holds the schema's (without building the Arrow schema)
+            version = (file.metadata.metadata or {}).get(b"rlfactory.schema_version", b"?").decode()
             if version != str(SCHEMA_VERSION):
                 raise RecordError(f"{path}: schema version {version}; this rlfactory reads version {SCHEMA_VERSION}")
             return file.read(columns=columns)

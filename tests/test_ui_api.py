@@ -137,3 +137,30 @@ def test_stop_and_resume_refuse_what_cannot_be_done(client):
     assert stopped.status_code == 409 and "not running" in stopped.json()["error"]
     resumed = client.post("/api/runs/killed/resume")
     assert resumed.status_code == 409 and "checkpoint" in resumed.json()["error"]
+
+
+def test_stop_signals_only_the_process_that_holds_the_run(client, runs_dir):
+    """A status.json naming a live process that is not the run's trainer (a reused pid, a
+    process that only looks like `rlf train`): refused, nothing signalled."""
+    import json
+    import socket
+    import subprocess
+    import time
+
+    impostor = subprocess.Popen(["bash", "-c", "sleep 60; :", "rlf", "train"])
+    run = runs_dir / "impostor"
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({
+        "version": 1, "state": "running", "pid": impostor.pid, "host": socket.gethostname(),
+        "started_at": time.time(), "updated_at": time.time(), "step": 1, "steps": 5, "message": ""}))
+    try:
+        refused = client.post("/api/runs/impostor/stop")
+        assert refused.status_code == 409 and "does not hold" in refused.json()["error"]
+        assert impostor.poll() is None  # not signalled
+        assert client.post("/api/runs/impostor/resume").status_code == 409  # it says running
+    finally:
+        impostor.kill()
+        impostor.wait()
+        import shutil
+
+        shutil.rmtree(run)

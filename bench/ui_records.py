@@ -1,0 +1,587 @@
+"""`rlf ui` on a large run: listing and opening recorded trajectories of a run of 1,000 steps
+and 100,000 trajectories, through the real app and through its reading layer.
+
+The runs directory it measures (generated, or reused with ``--dir``) holds:
+
+- ``big``: ``--steps`` (1,000) steps of a deepsearch-like run, every step recording
+  ``--eval-per-step`` (84) eval trajectories (an eval at every step: the most files a run can
+  have, the worst case for anything that reads every step) and ``--train-groups`` x
+  ``--group-size`` (2 x 8 = 16, ``logging.record_train_groups``' default and deepsearch's
+  group size) training trajectories: 100 per step, 100,000 in all, 2,000 Parquet files.
+  Each trajectory is deepsearch-shaped: the chat-templated system prompt with Search-R1's
+  instruction and two worked examples plus the question (~285 tokens with the embedded
+  model's tokenizer), then 2 or 3 model turns (``<think>`` + ``<search>`` or ``<answer>``)
+  with a 2-passage ``<information>`` observation after each search: ~430 tokens in all. The
+  records are made by the real ``trajectory_records`` (real Trajectory and ScoredBatch
+  objects, the real tokenizer's token ids and pieces) and written by the real
+  ``write_records``. Plus ``metrics.jsonl`` (one line per step, ~80 keys), ``config.yaml``
+  (the real deepsearch config), ``status.json`` (finished).
+- ``small-0`` .. ``small-2``: 5 steps each of the same shape (the runs list shows them too).
+
+Then it times, each through the app (FastAPI TestClient over ``create_app`` with a bearer
+token) and directly through ``RunsData``:
+
+- cold: the first request in a fresh process (its modules imported, the server up; the OS
+  page cache is warm: the files were just written or read, and dropping it needs root), one
+  process per operation and repeat;
+- warm: the same request again in one process, after a first one (the caches filled).
+
+    .venv/bin/python bench/ui_records.py                     # generate into a temp dir, measure, delete
+    .venv/bin/python bench/ui_records.py --dir /tmp/uibench  # generate once, then reuse it
+    .venv/bin/python bench/ui_records.py --dir /tmp/uibench --profile open   # cProfile one operation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "bench-token-0123456789abcdef"
+PORT = 8765
+BIG = "big"
+MARKER = ".bench-ui-records.json"
+
+COUNTRIES = [("Kenya", "Nairobi", "Africa", "Kenyan Shilling", "Swahili"),
+             ("Chile", "Santiago", "Americas", "Chilean Peso", "Spanish"),
+             ("Japan", "Tokyo", "Asia", "Japanese Yen", "Japanese"),
+             ("Portugal", "Lisbon", "Europe", "Euro", "Portuguese"),
+             ("Fiji", "Suva", "Oceania", "Fijian Dollar", "Fijian"),
+             ("Ghana", "Accra", "Africa", "Ghanaian Cedi", "English"),
+             ("Mongolia", "Ulaanbaatar", "Asia", "Mongolian Tögrög", "Mongolian"),
+             ("Uruguay", "Montevideo", "Americas", "Uruguayan Peso", "Spanish"),
+             ("Slovenia", "Ljubljana", "Europe", "Euro", "Slovene"),
+             ("Laos", "Vientiane", "Asia", "Lao Kip", "Lao"),
+             ("Namibia", "Windhoek", "Africa", "Namibian Dollar", "English"),
+             ("Tonga", "Nukuʻalofa", "Oceania", "Tongan Paʻanga", "Tongan")]
+KINDS = ("capital", "country_of_capital", "region", "currency", "language", "region_via_capital",
+         "currency_via_capital", "language_via_capital", "capital_via_currency")
+INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
+    "get new information. If you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> and "
+    "</information>. If you find no further external knowledge needed, you can directly provide the answer "
+    "inside <answer> and </answer>, without detailed illustrations.\n\n"
+    "Question: Which currency is used in Norway?\n<search> Norway currency </search>\n<information>Doc 1(Title: "
+    "\"Norway\") Norway uses the Norwegian Krone as its currency. Languages spoken in Norway include Norwegian, "
+    "Norwegian Bokmål and Norwegian Nynorsk.</information>\n<answer> Norwegian Krone </answer>\n\n"
+    "Question: In which region is the country whose capital is Asunción?\n<search> Asunción capital </search>\n"
+    "<information>Doc 1(Title: \"Asunción\") Asunción is the capital city of Paraguay.</information>\n"
+    "<search> Paraguay region </search>\n<information>Doc 1(Title: \"Paraguay\") Paraguay lies in the Americas "
+    "region, in Latin America and the Caribbean.</information>\n<answer> Americas </answer>")
+
+
+# --------------------------------------------------------------------------- the generated run
+
+
+def passage(country: tuple[str, ...], rng: random.Random) -> str:
+    name, capital, region, currency, language = country
+    return rng.choice([
+        f'"{name}"\n{name} uses the {currency} as its currency.',
+        f'"{name}"\nLanguages spoken in {name} include {language}.',
+        f'"{capital}"\n{capital} is the capital city of {name}. It lies at {rng.uniform(0, 60):.2f}° '
+        f'{rng.choice("NS")}.',
+        f'"{name}"\n{name} lies in the {region} region, in {rng.choice(["the south", "the east", "the west"])} '
+        f'of {region}.'])
+
+
+class Generator:
+    """Deepsearch-shaped trajectories for a step, as the rollout would build them."""
+
+    def __init__(self, tokenizer, eval_questions: int, train_questions: int):
+        self.tokenizer = tokenizer
+        rng = random.Random(0)
+        self.questions = {}
+        for split, count in (("test", eval_questions), ("train", train_questions)):
+            for i in range(count):
+                country, kind = rng.choice(COUNTRIES), rng.choice(KINDS)
+                text = {"capital": f"What is the capital of {country[0]}?",
+                        "country_of_capital": f"{country[1]} is the capital of which country?",
+                        "region": f"In which region is {country[0]}?",
+                        "currency": f"Which currency is used in {country[0]}?",
+                        "language": f"Which language is spoken in {country[0]}?"}.get(
+                    kind, f"What is the {kind.split('_')[0]} of the country whose capital is {country[1]}?")
+                answer = {"capital": country[1], "country_of_capital": country[0], "region": country[2],
+                          "currency": country[3], "language": country[4]}.get(kind, country[2])
+                messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": text}]
+                ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                sample_id = f"deepsearch-{split}-{kind}-{i:05d}"
+                self.questions.setdefault(split, []).append(
+                    {"id": sample_id, "text": text, "answer": answer, "country": country, "prompt_ids": ids})
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def trajectory(self, question: dict, rng: random.Random, step: int, group: int | None, train: bool):
+        from rlfactory_core.types import Message, Segment, ToolCall, ToolResult, Trajectory
+
+        t = Trajectory(sample_id=question["id"], prompt_ids=question["prompt_ids"], group=group)
+        t.messages = [Message("system", INSTRUCTION), Message("user", question["text"])]
+        skill = min(0.8, 0.15 + step / 1500)
+        searches = 1 if rng.random() < 0.6 else 2
+        cut = rng.random() < 0.04  # ran out of turns
+        tool_errors = {}
+        for turn in range(searches):
+            country = question["country"] if rng.random() < 0.8 else rng.choice(COUNTRIES)
+            query = f"{country[0 if turn == 0 else 1]} {rng.choice(['capital', 'region', 'currency', 'language'])}"
+            thought = rng.choice(["I need to find this.", f"I should search for {country[0]}.",
+                                  "Let me look it up.", "The passage does not say; search again."])
+            text = f"<think> {thought} </think>\n<search> {query} </search>"
+            call = ToolCall(name="search", arguments={"query": query}, id=f"call-{turn}")
+            t.messages.append(Message("assistant", text, tool_calls=[call]))
+            t.segments.append(self.model_segment(text, rng))
+            t.tool_calls.append(call)
+            if rng.random() < 0.01:
+                result = "Error: the search timed out"
+                t.tool_results.append(ToolResult("search", result, call_id=call.id, error="timeout", latency_s=30.0))
+                tool_errors["timeout"] = tool_errors.get("timeout", 0) + 1
+            else:
+                found = [passage(country, rng), passage(rng.choice(COUNTRIES), rng)]
+                result = "\n".join(f"Doc {i}(Title: {p.partition(chr(10))[0]}) {p.partition(chr(10))[2]}"
+                                   for i, p in enumerate(found, 1))
+                t.tool_results.append(ToolResult("search", result, call_id=call.id, latency_s=rng.uniform(0.01, 0.2)))
+            t.messages.append(Message("tool", result, name="search", tool_call_id=call.id))
+            t.segments.append(Segment("observation", self.ids(
+                f"<|im_end|>\n<|im_start|>user\n<information>{result}</information><|im_end|>\n"
+                f"<|im_start|>assistant\n")))
+        correct = rng.random() < skill
+        if cut:
+            t.stop_reason, t.final_answer = "max_turns", None
+        else:
+            answer = question["answer"] if correct else rng.choice(COUNTRIES)[rng.randint(0, 4)]
+            text = f"<think> The passage says it. </think>\n<answer> {answer} </answer>"
+            t.messages.append(Message("assistant", text))
+            t.segments.append(self.model_segment(text, rng))
+            t.stop_reason, t.final_answer = "no_tool_call", answer
+        t.turn_rewards = [0.0] * sum(s.kind == "model" for s in t.segments)
+        t.metadata = {"tool_errors": tool_errors} if tool_errors else {}
+        if train:
+            t.metadata["cut_turns"] = 0
+        reward = float(correct and not cut)
+        if train:  # search_r1's format terms
+            reward = reward + (0.1 if searches else 0.0) - (0.2 if cut else 0.0)
+        return t, reward, correct and not cut
+
+    def model_segment(self, text: str, rng: random.Random):
+        from rlfactory_core.types import Segment
+
+        ids = self.ids(text + "<|im_end|>")
+        return Segment("model", ids, [-rng.expovariate(3.0) for _ in ids])
+
+    def step_records(self, step: int, eval_count: int, groups: int, group_size: int):
+        """The step's eval and train records, as the trainer and run_eval make them."""
+        import torch
+
+        from rlfactory_core.records import trajectory_records
+        from rlfactory_core.rewards import ScoredBatch
+
+        rng = random.Random(step)
+        out = {}
+        tests = self.questions["test"][:eval_count]
+        made = [self.trajectory(q, rng, step, None, False) for q in tests]
+        trajectories, rewards, correct = zip(*made)
+        scored = ScoredBatch(totals=list(rewards), components=[{"exact_match": r} for r in rewards],
+                             correct=list(correct), errors={}, applied={})
+        out["eval"] = trajectory_records(list(trajectories), step=step, kind="eval", scored=scored,
+                                         tokenizer=self.tokenizer, policy_version=step, row_samples=tests)
+        picked = rng.sample(self.questions["train"], groups)
+        samples = [q for q in picked for _ in range(group_size)]
+        made = [self.trajectory(q, rng, step, g // group_size, True) for g, q in enumerate(samples)]
+        trajectories, rewards, correct = zip(*made)
+        scored = ScoredBatch(totals=list(rewards), components=[{"search_r1": r} for r in rewards],
+                             correct=list(correct), errors={}, applied={})
+        advantages = []
+        for g in range(groups):
+            part = rewards[g * group_size:(g + 1) * group_size]
+            mean, std = statistics.fmean(part), statistics.pstdev(part)
+            advantages += [(r - mean) / (std + 1e-6) for r in part]
+        width = max(len(t.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories)
+        token_advantages = torch.zeros(len(trajectories), width)
+        trainer = torch.zeros(len(trajectories), width)
+        for row, t in enumerate(trajectories):
+            at = len(t.prompt_ids)
+            for s in t.segments:
+                n = len(s.token_ids)
+                if s.kind == "model":
+                    token_advantages[row, at:at + n] = advantages[row]
+                    trainer[row, at:at + n] = torch.tensor(s.logprobs) + torch.randn(n) * 0.01
+                at += n
+        out["train"] = trajectory_records(
+            list(trajectories), step=step, kind="train", scored=scored, tokenizer=self.tokenizer,
+            policy_version=step - 1, row_samples=samples, advantages=torch.tensor(advantages),
+            token_advantages=token_advantages, trainer_logprobs=trainer)
+        return out, made
+
+
+def metrics_line(step: int, rng: random.Random, eval_records, train_made) -> dict:
+    """One step's metrics: the keys a deepsearch run logs (~80)."""
+    line = {"step": step, "time": 1_790_000_000 + step * 45.0}
+    train_rewards = [r for _, r, _ in train_made]
+    for prefix in ("reward", "eval/reward"):
+        line.update({f"{prefix}/{k}": rng.random() for k in ("mean", "std", "errors", "accuracy")})
+        line[f"{prefix}/{'search_r1' if prefix == 'reward' else 'exact_match'}"] = rng.random()
+    line["reward/mean"] = statistics.fmean(train_rewards)
+    line["eval/reward/accuracy"] = statistics.fmean(float(bool(r["correct"])) for r in eval_records)
+    line.update({f"eval/reward/accuracy/{kind}": rng.random() for kind in KINDS})
+    line.update({"reward/constant_groups": rng.random(), **{f"advantage/{k}": rng.gauss(0, 1)
+                                                            for k in ("mean", "std", "max", "min")}})
+    for prefix in ("rollout", "eval/rollout"):
+        line.update({f"{prefix}/{k}": rng.uniform(0, 500) for k in (
+            "trajectories", "turns_mean", "model_tokens_mean", "total_tokens_mean", "tool_calls", "tool_errors",
+            "parse_errors", "stop/no_tool_call", "stop/max_turns")})
+    for prefix in ("tools", "eval/tools"):
+        line.update({f"{prefix}/{k}": rng.random() for k in (
+            "calls_per_trajectory", "trajectories_with_calls", "error_rate", "parse_errors_per_trajectory")})
+    line.update({f"train/{k}": rng.random() for k in (
+        "loss", "entropy", "clip_fraction", "ratio_mean", "ratio_max", "sampler_logprob_diff", "sampler_kl",
+        "trained_tokens", "grad_norm", "kl", "lr")})
+    line["train/optimizer_steps"] = 1
+    line.update({f"time/{k}": rng.uniform(0, 40) for k in (
+        "generation_per_trajectory", "tools_per_trajectory", "rollout", "reward", "train", "weight_sync", "eval",
+        "checkpoint", "step")})
+    line.update({"rollout/cut_off": rng.random(), "throughput/rollout_tokens_per_s": rng.uniform(100, 300),
+                 "throughput/train_tokens_per_s": rng.uniform(300, 600), "batch/groups_sampled": 4.0,
+                 "batch/groups_kept": 4.0, "batch/extra_rollouts": 0.0})
+    line["samples"] = sorted({r for r in (t.sample_id for t, _, _ in train_made)})
+    return line
+
+
+_WORKER: dict = {}
+
+
+def write_step(step: int) -> str:
+    """Step ``step``'s records written (in a worker process); its metrics line."""
+    generator, run_dir, args = _WORKER["generator"], _WORKER["run_dir"], _WORKER["args"]
+    from rlfactory_core.records import write_records
+
+    import torch
+
+    torch.set_num_threads(1)
+    records, train_made = generator.step_records(step, args.eval_per_step, args.train_groups, args.group_size)
+    for kind, rows in records.items():
+        write_records(run_dir, kind, step, rows)
+    return json.dumps(metrics_line(step, random.Random(-step), records["eval"], train_made))
+
+
+def write_run(run_dir: Path, generator: Generator, steps: int, args, progress: bool) -> None:
+    import multiprocessing
+
+    from rlfactory_core.config import load_config
+    from rlfactory_core.runs import write_run_files
+
+    run_dir.mkdir(parents=True)
+    config = load_config([], ["env=deepsearch", f"train.steps={steps}", f"grpo.group_size={args.group_size}"])
+    write_run_files(run_dir, config)
+    _WORKER.update(generator=generator, run_dir=run_dir, args=args)
+    start = time.perf_counter()
+    context = multiprocessing.get_context("fork")  # the workers inherit the tokenizer and the questions
+    with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as metrics, \
+            context.Pool(args.workers) as pool:
+        for step, line in enumerate(pool.imap(write_step, range(1, steps + 1), chunksize=5), 1):
+            metrics.write(line + "\n")
+            if progress and (step % 50 == 0 or step == steps):
+                rate = step / (time.perf_counter() - start)
+                print(f"  {run_dir.name}: step {step}/{steps} ({rate:.1f} steps/s, "
+                      f"~{(steps - step) / rate:.0f} s left)", flush=True)
+    status = {"version": 1, "state": "finished", "pid": 1, "host": "bench", "started_at": 1_790_000_000.0,
+              "updated_at": 1_790_000_000.0 + steps * 45.0, "step": steps, "steps": steps, "message": ""}
+    (run_dir / "status.json").write_text(json.dumps(status) + "\n")
+
+
+def generate(runs_dir: Path, args) -> dict:
+    from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenizer = load_tokenizer(prepare_model(DEFAULT_MODEL))
+    generator = Generator(tokenizer, args.eval_per_step, 500)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for i in range(3):
+        write_run(runs_dir / f"small-{i}", generator, 5, args, progress=False)
+    print(f"generating {BIG}: {args.steps} steps x ({args.eval_per_step} eval + "
+          f"{args.train_groups} x {args.group_size} train) trajectories", flush=True)
+    write_run(runs_dir / BIG, generator, args.steps, args, progress=True)
+    shape = {"steps": args.steps, "eval_per_step": args.eval_per_step, "train_groups": args.train_groups,
+             "group_size": args.group_size, "generated_s": round(time.perf_counter() - start, 1)}
+    (runs_dir / MARKER).write_text(json.dumps(shape))
+    return shape
+
+
+def describe(runs_dir: Path) -> dict:
+    """What the big run holds: files, bytes, trajectories, tokens."""
+    import pyarrow.parquet as pq
+
+    big = runs_dir / BIG / "trajectories"
+    out = {}
+    for kind in ("eval", "train"):
+        files = sorted((big / kind).glob("step-*.parquet"))
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        out[kind] = {"files": len(files), "rows": rows, "bytes": sum(f.stat().st_size for f in files)}
+    scalars = [pq.read_table(f, columns=["num_tokens", "num_turns"]).to_pydict()
+               for f in sorted(big.glob("*/step-*.parquet"))]
+    out["tokens_mean"] = statistics.fmean(n for part in scalars for n in part["num_tokens"])
+    out["turns_mean"] = statistics.fmean(n for part in scalars for n in part["num_turns"])
+    out["metrics_bytes"] = (runs_dir / BIG / "metrics.jsonl").stat().st_size
+    first = json.loads((runs_dir / BIG / "metrics.jsonl").open().readline())
+    out["metrics_keys"] = len(first)
+    return out
+
+
+# --------------------------------------------------------------------------- the operations
+
+
+def middle(runs_dir: Path) -> int:
+    """The step the operations open: 500 of 1,000."""
+    return max(1, json.loads((runs_dir / MARKER).read_text())["steps"] // 2)
+
+
+def operations(runs_dir: Path) -> dict[str, tuple[str, dict, str]]:
+    """name -> (path, params, what it is); the same-sample id is eval trajectory 17's."""
+    from rlfactory_core.records import RunRecords
+
+    at = middle(runs_dir)
+    sample = RunRecords(runs_dir / BIG).list("eval", at)[17]["sample_id"]
+    return {
+        "runs": ("/api/runs", {}, "runs list (1 big + 3 small runs)"),
+        "run": (f"/api/runs/{BIG}", {}, "run page"),
+        "metrics": (f"/api/runs/{BIG}/metrics", {}, "metrics (1,000 lines)"),
+        "step": (f"/api/runs/{BIG}/trajectories", {"kind": "eval", "step": at}, f"one step's list (eval step {at})"),
+        "all_stop": (f"/api/runs/{BIG}/trajectories", {"kind": "eval", "stop_reason": "max_turns"},
+                     "all eval steps, stop_reason=max_turns"),
+        "all_prefetched": (f"/api/runs/{BIG}/trajectories", {"kind": "eval", "stop_reason": "max_turns"},
+                           "the same, after the run page's prefetch"),
+        "all_reward": (f"/api/runs/{BIG}/trajectories", {"kind": "train", "min_reward": 1.0},
+                       "all train steps, min_reward=1"),
+        "open": (f"/api/runs/{BIG}/trajectories/eval/{at}/17", {}, f"open one trajectory (eval {at}/17)"),
+        "same": (f"/api/runs/{BIG}/same-sample", {"kind": "eval", "sample_id": sample},
+                 "same sample at every eval step"),
+    }
+
+
+def direct(data, name: str, path: str, params: dict):
+    """The RunsData call behind operation ``name``."""
+    if name == "runs":
+        return data.runs()
+    if name == "run":
+        return data.run(BIG)
+    if name == "metrics":
+        return data.metrics(BIG)
+    if name in ("step", "all_stop", "all_prefetched", "all_reward"):
+        kind = params["kind"]
+        return data.trajectories(BIG, kind, **{k: v for k, v in params.items() if k != "kind"})
+    if name == "open":
+        kind, step, index = path.split("/")[-3:]
+        return data.trajectory(BIG, kind, int(step), int(index))
+    if name == "same":
+        return data.same_sample(BIG, "eval", params["sample_id"])
+    raise ValueError(name)
+
+
+def client_for(runs_dir: Path):
+    from fastapi.testclient import TestClient
+
+    from rlfactory_cli.ui.app import create_app
+
+    app = create_app(runs_dir, token=TOKEN, port=PORT)
+    return TestClient(app, base_url=f"http://127.0.0.1:{PORT}", headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def timed(runs_dir: Path, name: str, via: str, repeats: int, ops=None, data=None, client=None) -> dict:
+    """``repeats`` timings (ms) of operation ``name``; the first is the cold one when the
+    caches are fresh."""
+    from rlfactory_cli.ui.runs_data import RunsData
+
+    path, params, _ = (ops or operations(runs_dir))[name]
+    times, size = [], 0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if via == "app":
+            response = client.get(path, params=params)
+            if response.status_code != 200:
+                raise SystemExit(f"{path} {params}: HTTP {response.status_code} {response.text[:300]}")
+            size = len(response.content)
+        else:
+            direct(data or RunsData(runs_dir), name, path, params)
+        times.append((time.perf_counter() - start) * 1000)
+    return {"times": times, "bytes": size}
+
+
+def probe(runs_dir: Path, name: str, via: str) -> None:
+    """One cold request in this (fresh) process; prints its time as JSON."""
+    import pyarrow.compute  # noqa: F401 - the server has imported them by its first request too
+    import pyarrow.parquet  # noqa: F401
+    import yaml  # noqa: F401
+
+    from rlfactory_cli.ui.runs_data import RunsData
+
+    ops = operations(runs_dir)  # reads step 500's list: a fresh RunsData below has not
+    prefetch = None
+    if via == "app":
+        with client_for(runs_dir) as client:
+            client.get("/api/new-run/form/none-such")  # the app's first request (routing, middleware) warm
+            if name == "all_prefetched":  # the run page, then what the user does next once its prefetch is done
+                start = time.perf_counter()
+                client.get(f"/api/runs/{BIG}")
+                client.app.state.data.prefetch(BIG).result()
+                prefetch = (time.perf_counter() - start) * 1000
+            result = timed(runs_dir, name, via, 1, ops, client=client)
+    else:
+        data = RunsData(runs_dir)
+        if name == "all_prefetched":
+            start = time.perf_counter()
+            data.prefetch(BIG).result()
+            prefetch = (time.perf_counter() - start) * 1000
+        result = timed(runs_dir, name, via, 1, ops, data=data)
+    print(json.dumps({**result, "prefetch": prefetch}))
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (/proc/stat; 0 where there is none)."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process and its finished children (the cold probes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def spread(times: list[float]) -> str:
+    return f"{statistics.median(times):.1f} ({min(times):.1f}-{max(times):.1f})"
+
+
+def measure(runs_dir: Path, args) -> None:
+    from rlfactory_cli.ui.runs_data import RunsData
+
+    ops = operations(runs_dir)
+    names = [n for n in ops if not args.only or n in args.only]
+    rows = []
+    busy, own, start = machine_busy_s(), own_cpu_s(), time.perf_counter()
+    for name in names:
+        cold, prefetches = {}, []
+        for via in ("app", "data"):
+            times, size = [], 0
+            for _ in range(args.cold_repeats):
+                out = subprocess.run([sys.executable, __file__, "--dir", str(runs_dir), "--probe", name, via],
+                                     capture_output=True, text=True, cwd=ROOT)
+                if out.returncode:
+                    raise SystemExit(out.stderr[-2000:])
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                times += result["times"]
+                size = result["bytes"] or size
+                if result["prefetch"] is not None:
+                    prefetches.append(result["prefetch"])
+            cold[via] = (times, size)
+        warm = {}
+        with client_for(runs_dir) as client:
+            timed(runs_dir, name, "app", 1, ops, client=client)
+            if name == "run" and hasattr(client.app.state.data, "prefetch"):  # (none before issue 22's bench)
+                client.app.state.data.prefetch(BIG).result()  # the run page's, done before timing it again
+            warm["app"] = timed(runs_dir, name, "app", args.warm_repeats, ops, client=client)
+        data = RunsData(runs_dir)
+        timed(runs_dir, name, "data", 1, ops, data=data)
+        warm["data"] = timed(runs_dir, name, "data", args.warm_repeats, ops, data=data)
+        row = (ops[name][2], spread(cold["app"][0]), spread(warm["app"]["times"]), spread(cold["data"][0]),
+               spread(warm["data"]["times"]), f"{cold['app'][1] / 1000:.0f}")
+        rows.append(row)
+        print(f"  {name}: app cold {row[1]} warm {row[2]}; RunsData cold {row[3]} warm {row[4]}; "
+              f"{row[5]} kB" + (f"; the prefetch took {spread(prefetches)} ms" if prefetches else ""), flush=True)
+    others = max(0.0, machine_busy_s() - busy - (own_cpu_s() - own)) / ((time.perf_counter() - start) * os.cpu_count())
+    print(f"\nms, median (min-max); cold: {args.cold_repeats} fresh processes each, warm: "
+          f"{args.warm_repeats} repeats after a first request; other processes used {others:.0%} of the "
+          f"{os.cpu_count()} CPUs meanwhile\n")
+    print("| operation | app cold | app warm | RunsData cold | RunsData warm | response kB |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def profile(runs_dir: Path, name: str, warm: bool) -> None:
+    """cProfile of operation ``name`` through RunsData, in this process (the app runs its
+    routes in another thread, which cProfile does not see)."""
+    import cProfile
+    import pstats
+
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+
+    from rlfactory_cli.ui.runs_data import RunsData
+
+    ops = operations(runs_dir)
+    data = RunsData(runs_dir)
+    if warm:
+        timed(runs_dir, name, "data", 1, ops, data=data)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    result = timed(runs_dir, name, "data", 1, ops, data=data)
+    profiler.disable()
+    print(f"{name} ({'warm' if warm else 'cold'}): {result['times'][0]:.1f} ms")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, help="runs directory: generated there if it holds none, else reused")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--eval-per-step", type=int, default=84)
+    parser.add_argument("--train-groups", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes generating the run (2 were no faster on 2 cores: 8.5 against 9.4 steps/s)")
+    parser.add_argument("--cold-repeats", type=int, default=5)
+    parser.add_argument("--warm-repeats", type=int, default=10)
+    parser.add_argument("--only", nargs="*", help="operations to measure (default: all)")
+    parser.add_argument("--profile", help="cProfile one operation through RunsData (cold, then warm)")
+    parser.add_argument("--probe", nargs=2, metavar=("OPERATION", "VIA"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
+    if args.probe:
+        probe(args.dir, *args.probe)
+        return
+    temp = None
+    runs_dir = args.dir
+    if runs_dir is None:
+        temp = tempfile.mkdtemp(prefix="ui-records-")
+        runs_dir = Path(temp)
+    try:
+        if (runs_dir / MARKER).exists():
+            shape = json.loads((runs_dir / MARKER).read_text())
+            print(f"reusing {runs_dir}: {shape}")
+        else:
+            shape = generate(runs_dir, args)
+            print(f"generated in {shape['generated_s']} s")
+        about = describe(runs_dir)
+        total = about["eval"]["bytes"] + about["train"]["bytes"]
+        print(f"{BIG}: eval {about['eval']['rows']} trajectories in {about['eval']['files']} files, train "
+              f"{about['train']['rows']} in {about['train']['files']}; {total / 1e6:.1f} MB of Parquet "
+              f"({about['eval']['bytes'] / about['eval']['files'] / 1e3:.0f} kB per eval file, "
+              f"{about['train']['bytes'] / about['train']['files'] / 1e3:.0f} kB per train file); "
+              f"{about['tokens_mean']:.0f} tokens and {about['turns_mean']:.2f} turns per trajectory; metrics.jsonl "
+              f"{about['metrics_bytes'] / 1e6:.1f} MB, {about['metrics_keys']} keys a line")
+        if args.profile:
+            profile(runs_dir, args.profile, warm=False)
+            profile(runs_dir, args.profile, warm=True)
+            return
+        measure(runs_dir, args)
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
