@@ -9,9 +9,9 @@ The runs directory it measures (generated, or reused with ``--dir``) holds:
   ``--group-size`` (2 x 8 = 16, ``logging.record_train_groups``' default and deepsearch's
   group size) training trajectories: 100 per step, 100,000 in all, 2,000 Parquet files.
   Each trajectory is deepsearch-shaped: the chat-templated system prompt with Search-R1's
-  instruction and two worked examples plus the question (~285 tokens with the embedded
+  instruction and two worked examples plus the question (~296 tokens with the embedded
   model's tokenizer), then 2 or 3 model turns (``<think>`` + ``<search>`` or ``<answer>``)
-  with a 2-passage ``<information>`` observation after each search: ~430 tokens in all. The
+  with a 2-passage ``<information>`` observation after each search: ~440 tokens in all. The
   records are made by the real ``trajectory_records`` (real Trajectory and ScoredBatch
   objects, the real tokenizer's token ids and pieces) and written by the real
   ``write_records``. Plus ``metrics.jsonl`` (one line per step, ~80 keys), ``config.yaml``
@@ -26,9 +26,12 @@ token) and directly through ``RunsData``:
   process per operation and repeat;
 - warm: the same request again in one process, after a first one (the caches filled).
 
-    .venv/bin/python bench/ui_records.py                     # generate into a temp dir, measure, delete
+It prints a table (median and min-max of each) and how much CPU other processes took meanwhile
+(on 2 cores, any makes the figures worse). Results: bench/README.md, "Issue 22".
+
+    .venv/bin/python bench/ui_records.py                     # ~5 min: generate into a temp dir (1.5), measure, delete
     .venv/bin/python bench/ui_records.py --dir /tmp/uibench  # generate once, then reuse it
-    .venv/bin/python bench/ui_records.py --dir /tmp/uibench --profile open   # cProfile one operation
+    .venv/bin/python bench/ui_records.py --dir /tmp/uibench --profile open   # cProfile one operation (RunsData)
 """
 
 from __future__ import annotations
@@ -349,12 +352,12 @@ def operations(runs_dir: Path) -> dict[str, tuple[str, dict, str]]:
     """name -> (path, params, what it is); the same-sample id is eval trajectory 17's."""
     from rlfactory_core.records import RunRecords
 
-    at = middle(runs_dir)
+    at, steps = middle(runs_dir), json.loads((runs_dir / MARKER).read_text())["steps"]
     sample = RunRecords(runs_dir / BIG).list("eval", at)[17]["sample_id"]
     return {
         "runs": ("/api/runs", {}, "runs list (1 big + 3 small runs)"),
         "run": (f"/api/runs/{BIG}", {}, "run page"),
-        "metrics": (f"/api/runs/{BIG}/metrics", {}, "metrics (1,000 lines)"),
+        "metrics": (f"/api/runs/{BIG}/metrics", {}, f"metrics ({steps:,} lines)"),
         "step": (f"/api/runs/{BIG}/trajectories", {"kind": "eval", "step": at}, f"one step's list (eval step {at})"),
         "all_stop": (f"/api/runs/{BIG}/trajectories", {"kind": "eval", "stop_reason": "max_turns"},
                      "all eval steps, stop_reason=max_turns"),

@@ -130,6 +130,7 @@ def test_the_prefetch_reads_every_steps_list_before_it_is_asked_for(runs, monkey
     monkeypatch.setattr(data, "trajectories", lambda *args, **kwargs: calls.append(args))
     data.prefetch("run").result()
     assert calls == []  # the same steps as last time: nothing read again
+    assert data.prefetch("run", data.run("run")["recorded"]).done()  # nor even listed
 
 
 def test_metrics_encode_nan_as_null_and_the_json_equals_the_dict(runs):

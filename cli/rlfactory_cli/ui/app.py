@@ -86,7 +86,7 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     @app.get("/api/runs/{name}")
     def run(name: str) -> dict[str, Any]:
         page = data.run(name)
-        data.prefetch(name)  # the step lists, for a list of every step
+        data.prefetch(name, page["recorded"])  # the step lists, for a list of every step
         return page
 
     @app.get("/api/runs/{name}/metrics")

@@ -279,16 +279,21 @@ class RunsData:
             found = list(pool.map(lambda at: records.trajectory(kind, *at, tokens=False), wanted))
         return json_safe({"sample_id": sample_id, "kind": kind, "trajectories": found, "errors": errors})
 
-    def prefetch(self, name: str) -> Future[None]:
+    def prefetch(self, name: str, steps: dict[str, list[int]] | None = None) -> Future[None]:
         """Read the run's step lists into the cache in the background (the run page asks for
         it, so that listing every step is a cache hit by the time the user does); the one
         already under way, if any. Nothing is read again while the run's steps stay the same
-        (the page asks every 3 s)."""
+        (the page asks every 3 s): ``steps``, the run's ``{kind: steps}`` where the caller has
+        them (:meth:`run`'s ``recorded``), spares even listing them."""
         run_dir = self.run_dir(name)
         with self._lock:
             running = self._prefetches.get(run_dir)
             if running is not None and not running.done():
                 return running
+            if steps is not None and self._prefetched.get(run_dir) == steps:
+                done: Future[None] = Future()
+                done.set_result(None)
+                return done
 
             def work() -> None:
                 try:
