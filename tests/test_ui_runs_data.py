@@ -140,4 +140,7 @@ def test_metrics_encode_nan_as_null_and_the_json_equals_the_dict(runs):
     assert json.loads(data.metrics_json("run")) == metrics
     (runs / "run" / "metrics.jsonl").write_text('{"step": 1}\n[2]\n{"step": 3}\n')
     broken = json.loads(data.metrics_json("run"))
-    assert broken["series"] == {} and "not a JSON object" in broken["errors"]["metrics.jsonl"]
+    # the damaged line named and skipped, the rest of the run still plotted
+    assert broken["series"] == {} and broken["errors"]["metrics.jsonl"] == "line(s) 2 not JSON objects: skipped"
+    (runs / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 3, "loss": 1.0}\n')
+    assert json.loads(data.metrics_json("run"))["series"]["loss"] == [[1, 2.0], [3, 1.0]]

@@ -25,7 +25,7 @@ from rlfactory_core.metrics import read_metrics
 from rlfactory_core.records import RecordError, RunRecords, scalar_schema
 from rlfactory_core.run_status import read_status
 
-from .security import run_dir_of
+from .security import PathRefused, run_dir_of
 
 __all__ = ["RunsData", "json_safe", "HELD_OUT_KEYS"]
 
@@ -90,7 +90,7 @@ class RunsData:
 
     def __init__(self, runs_dir: str | Path):
         self.runs_dir = Path(runs_dir).resolve()
-        self._metrics = _FileCache(lambda path: read_metrics(path.parent))
+        self._metrics = _FileCache(_metrics_file)
         self._series = _FileCache(self._series_of)
         self._series_json = _FileCache(lambda path: _json(self._series(path)))
         self._yaml = _FileCache(_yaml_file)
@@ -119,9 +119,18 @@ class RunsData:
         if not self.runs_dir.is_dir():
             return []
         found = [p for p in self.runs_dir.iterdir()
-                 if p.is_dir() and not p.name.startswith(".") and any((p / m).exists() for m in RUN_MARKERS)]
+                 if p.is_dir() and not p.name.startswith(".") and any((p / m).exists() for m in RUN_MARKERS)
+                 and self._openable(p.name)]
         runs = [self.summary(p) for p in found]
         return sorted(runs, key=lambda r: (r["started_at"] or 0, r["name"]), reverse=True)
+
+    def _openable(self, name: str) -> bool:
+        """Whether a run page can open ``name`` (listing one that cannot only leads to an error)."""
+        try:
+            self.run_dir(name)
+        except PathRefused:
+            return False
+        return True
 
     def summary(self, run_dir: Path) -> dict[str, Any]:
         status = read_status(run_dir)
@@ -168,8 +177,11 @@ class RunsData:
         except OSError as exc:
             errors["trajectories"] = _one_line(exc)
         config_text = None
-        if (run_dir / "config.yaml").exists():
-            config_text = (run_dir / "config.yaml").read_text(encoding="utf-8", errors="replace")
+        if (run_dir / "config.yaml").exists() and self.inside(run_dir / "config.yaml"):
+            try:
+                config_text = (run_dir / "config.yaml").read_text(encoding="utf-8", errors="replace")
+            except OSError as exc:  # a directory by that name, unreadable
+                errors["config.yaml"] = _one_line(exc)
         return json_safe({**summary, "config": config, "config_text": config_text, "plugins": plugins,
                           "recorded": recorded, "errors": {**summary["errors"], **errors}})
 
@@ -195,11 +207,13 @@ class RunsData:
                 series = cache(path)
             except (ValueError, OSError) as exc:
                 errors["metrics.jsonl"] = _one_line(exc)
+            else:
+                self._metric_records(run_dir, errors)  # cached: only to name damaged lines
         return run_dir, series, errors
 
     def _series_of(self, path: Path) -> dict[str, list[list[float | None]]]:
         series: dict[str, list[list[float | None]]] = {}
-        for record in self._metrics(path):
+        for record in self._metrics(path)[0]:
             step = record.get("step")
             if not isinstance(step, int):
                 continue
@@ -255,7 +269,8 @@ class RunsData:
                   "tool_errors": sorted(v for v in pc.unique(pc.list_flatten(table["tool_error_kinds"])).to_pylist()
                                         if v is not None)}
         return json_safe({"kind": kind, "steps": list(files), "total": kept.num_rows, "offset": offset,
-                          "rows": kept.slice(offset, limit).to_pylist(), "facets": facets, "errors": errors})
+                          "rows": [_short(row) for row in kept.slice(offset, limit).to_pylist()], "facets": facets,
+                          "errors": errors})
 
     def trajectory(self, name: str, kind: str, step: int, index: int) -> dict[str, Any]:
         return json_safe(RunRecords(self.run_dir(name)).trajectory(kind, step, index))
@@ -382,15 +397,49 @@ class RunsData:
         if not path.exists():
             return []
         try:
-            return self._metrics(path)
+            records, bad = self._metrics(path)
         except (ValueError, OSError) as exc:
             errors["metrics.jsonl"] = _one_line(exc)
             return []
+        if bad:
+            errors["metrics.jsonl"] = f"line(s) {', '.join(map(str, bad[:10]))} not JSON objects: skipped"
+        return records
+
+
+def _metrics_file(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """A run's metrics records, and the numbers of lines that are not JSON objects (skipped:
+    one damaged line must not hide the rest of the run's curves)."""
+    try:
+        return read_metrics(path.parent), []
+    except ValueError:
+        pass
+    records, bad = [], []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif number < len(lines):  # a torn last line is a kill mid-write, not damage
+            bad.append(number)
+    return records, bad
 
 
 def _json(value: Any) -> bytes:
     """``value`` encoded as Starlette's JSONResponse encodes it."""
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def _short(row: dict[str, Any]) -> dict[str, Any]:
+    """A list row with its final answer cut (the list shows its start; a trajectory has it whole)."""
+    answer = row.get("final_answer")
+    if isinstance(answer, str) and len(answer) > 300:
+        row["final_answer"] = answer[:300] + "…"
+    return row
 
 
 def _get(config: Any, *keys: str) -> Any:
