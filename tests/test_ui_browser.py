@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 import uvicorn
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -58,15 +59,23 @@ def api(served, path):
 
 
 def wait(driver, condition, seconds=PAGE_S, message=""):
-    return WebDriverWait(driver, seconds, poll_frequency=0.2).until(lambda d: condition(d), message)
+    # the pages redraw every few seconds: an element found in one poll may be gone in the next
+    return WebDriverWait(driver, seconds, poll_frequency=0.2, ignored_exceptions=[StaleElementReferenceException]
+                         ).until(lambda d: condition(d), message)
+
+
+def page_text(driver, selector):
+    """The text of the first element matching ``selector``, read in one step (no stale element)."""
+    return driver.execute_script("const e = document.querySelector(arguments[0]); return e ? e.innerText : '';",
+                                 selector)
 
 
 def test_from_the_runs_list_to_a_trajectory_whose_token_colours_are_its_loss_mask(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")  # the cookie is set, the token leaves the URL
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.run")) == 4, message="the runs list")
     assert TOKEN not in browser.current_url
-    states = {row.get_attribute("data-run"): row.find_element(By.CSS_SELECTOR, ".state").text
-              for row in browser.find_elements(By.CSS_SELECTOR, "tr.run")}
+    states = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('tr.run')].map("
+                                    "r => [r.dataset.run, r.querySelector('.state').innerText]))")
     assert states == {"tiny": "finished", "old": "finished", "killed": "died", "broken": "unknown"}
     for run in ("tiny", "old"):  # two runs' curves on one plot
         browser.find_element(By.CSS_SELECTOR, f"tr.run[data-run='{run}'] input[type=checkbox]").click()
@@ -123,8 +132,15 @@ def test_a_run_made_before_records_and_a_damaged_run_still_open(browser, served)
     wait(browser, lambda d: d.find_elements(By.ID, "text"), message="the text-only view")
     assert "What is 3*4?" in browser.find_element(By.ID, "text").text
     browser.get(f"{served['base']}/#/run/broken")
-    wait(browser, lambda d: "config.yaml" in d.find_element(By.ID, "main").text, message="the damaged run's page")
-    assert "metrics.jsonl" in browser.find_element(By.ID, "main").text
+    wait(browser, lambda d: "config.yaml" in page_text(d, "#main"), message="the damaged run's page")
+    assert "metrics.jsonl" in page_text(browser, "#main")
+
+
+def click_when_enabled(driver, button_id):
+    """Click the button once it is enabled, in one step: the run page redraws its buttons every
+    few seconds, so a found element can go stale before a later click."""
+    return driver.execute_script("const b = document.getElementById(arguments[0]);"
+                                 "if (b && !b.disabled) { b.click(); return true; } return false;", button_id)
 
 
 def _set(driver, key, value):
@@ -156,7 +172,8 @@ def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
     save_screenshot(browser, "ui-new-run-errors")
 
 
-def test_a_run_launched_from_the_form_reaches_step_1_live_and_stop_checkpoints_it(browser, served, tiny_model_dir):
+def test_a_run_launched_from_the_form_reaches_step_1_live_stop_checkpoints_it_and_resume_continues_it(
+        browser, served, tiny_model_dir):
     browser.get(f"{served['base']}/?token={TOKEN}")  # each test signs in: it may run alone
     browser.get(f"{served['base']}/#/new")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-key='train.steps']"), message="the form")
@@ -172,7 +189,7 @@ def test_a_run_launched_from_the_form_reaches_step_1_live_and_stop_checkpoints_i
     name = browser.current_url.split("#/run/")[-1]
 
     def step_shown(d):
-        match = re.search(r"step\s+(\d+) / 500", d.find_element(By.ID, "main").text)
+        match = re.search(r"step\s+(\d+) / 500", page_text(d, "#main"))
         return match and int(match.group(1)) >= 1
 
     try:
@@ -182,12 +199,23 @@ def test_a_run_launched_from_the_form_reaches_step_1_live_and_stop_checkpoints_i
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".plot .main-svg"), message="its live plots")
     save_screenshot(browser, "ui-run-live")
 
-    stop = browser.find_element(By.ID, "stop")
-    wait(browser, lambda d: stop.is_enabled(), message="the stop button")
-    stop.click()
-    wait(browser, lambda d: d.find_element(By.CSS_SELECTOR, "h1 .state").text == "interrupted", LAUNCH_S,
+    wait(browser, lambda d: click_when_enabled(d, "stop"), message="the stop button")
+    wait(browser, lambda d: page_text(d, "h1 .state") == "interrupted", LAUNCH_S,
          "the stopped run's state")
     status = api(served, f"/api/runs/{name}")
     assert status["state"] == "interrupted" and "saved" in status["message"]
     checkpoints = sorted(p.name for p in (served["runs"] / name / "checkpoints").iterdir())
     assert checkpoints and checkpoints[-1].startswith("step-")
+    saved = int(checkpoints[-1].split("-")[1])
+
+    # Resume continues it from that checkpoint (rlf train --resume), live again
+    wait(browser, lambda d: click_when_enabled(d, "resume"), message="the resume button")
+
+    def past_saved(d):
+        match = re.search(r"step\s+(\d+) / 500", page_text(d, "#main"))
+        return page_text(d, "h1 .state") == "running" and match and int(match.group(1)) > saved
+
+    wait(browser, past_saved, LAUNCH_S, "the resumed run's next step")
+    wait(browser, lambda d: click_when_enabled(d, "stop"), message="the stop button")
+    wait(browser, lambda d: page_text(d, "h1 .state") == "interrupted", LAUNCH_S,
+         "the resumed run stopped again")
