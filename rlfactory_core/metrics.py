@@ -212,15 +212,17 @@ class MetricsLogger:
         self.close()
 
 
-def read_metrics(run_dir: Path | str) -> list[dict]:
+def read_metrics(run_dir: Path | str, *, damaged: list[int] | None = None) -> list[dict]:
     """The records of ``run_dir/metrics.jsonl``, in order (``[]`` when there is none).
 
-    A last line that does not parse is skipped: a crash while it was written tore it.
+    A last line that does not parse is skipped: a crash while it was written tore it. With
+    ``damaged`` (a list), a line before the last that is not a JSON object is skipped too and
+    its number appended there (a viewer shows the rest of the run).
 
     Raises:
-        ValueError: a line before the last is not a JSON object (the file is damaged).
+        ValueError: without ``damaged``, a line before the last is not a JSON object.
     """
-    return [record for _, record in _read_lines(Path(run_dir) / METRICS_FILE)]
+    return [record for _, record in _read_lines(Path(run_dir) / METRICS_FILE, damaged)]
 
 
 class LiveView:
@@ -348,8 +350,9 @@ def _json_value(key: str, value: Any) -> Any:
     raise TypeError(f"metric {key!r}: a {type(value).__name__} is not a number, string or list of them")
 
 
-def _read_lines(path: Path) -> list[tuple[str, dict]]:
-    """``(raw line, record)`` for each record of a metrics file; a torn last line is skipped."""
+def _read_lines(path: Path, damaged: list[int] | None = None) -> list[tuple[str, dict]]:
+    """``(raw line, record)`` for each record of a metrics file; a torn last line is skipped
+    (and, with ``damaged``, every other bad line, numbered there)."""
     if not path.exists():
         return []
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
@@ -363,6 +366,9 @@ def _read_lines(path: Path) -> list[tuple[str, dict]]:
             record = None
         if not isinstance(record, dict):
             if number == len(lines):  # the last line, with no newline after it: torn by a crash
+                continue
+            if damaged is not None:
+                damaged.append(number)
                 continue
             raise ValueError(f"{path}:{number}: not a JSON object: {line[:80]!r}")
         out.append((line, record))

@@ -409,24 +409,8 @@ class RunsData:
 def _metrics_file(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """A run's metrics records, and the numbers of lines that are not JSON objects (skipped:
     one damaged line must not hide the rest of the run's curves)."""
-    try:
-        return read_metrics(path.parent), []
-    except ValueError:
-        pass
-    records, bad = [], []
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            records.append(record)
-        elif number < len(lines):  # a torn last line is a kill mid-write, not damage
-            bad.append(number)
-    return records, bad
+    damaged: list[int] = []
+    return read_metrics(path.parent, damaged=damaged), damaged
 
 
 def _json(value: Any) -> bytes:
