@@ -462,14 +462,19 @@ async def test_an_unhealthy_device_is_skipped_and_reported(fake, monkeypatch, ca
 
 
 async def test_every_device_unhealthy_is_an_error_and_they_are_retried_later(fake, monkeypatch):
+    # the pool's own clock, moved by hand: on a loaded machine the health checks (a process
+    # each) may take longer than any short real retry delay
+    now = [1000.0]
+    monkeypatch.setattr(adb, "time", type("clock", (), {"monotonic": staticmethod(lambda: now[0])}))
     monkeypatch.setenv("FAKE_ADB_DEAD", "dead-1,dead-2")
-    pool = AdbDevicePool(["dead-1", "dead-2"], adb_path=fake.path, timeout_s=5, retry_after_s=0.3)
+    pool = AdbDevicePool(["dead-1", "dead-2"], adb_path=fake.path, timeout_s=5, retry_after_s=30)
     with pytest.raises(DeviceError, match="every Android device failed its health check \\(dead-1, dead-2\\)"):
         await pool.lease()
     monkeypatch.setenv("FAKE_ADB_DEAD", "dead-2")  # dead-1 comes back
+    now[0] += 29.9
     with pytest.raises(DeviceError, match="every Android device failed"):
         await pool.lease()  # not yet due for another check
-    await asyncio.sleep(0.4)
+    now[0] += 0.2
     assert (await pool.lease()).serial == "dead-1"
 
 
