@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-__all__ = ["U", "LAMBDA", "relative_error", "tensor_stats", "tensor_bounds", "compare_tensors"]
+__all__ = ["U", "LAMBDA", "relative_error", "adam_ratio_bound", "moment_bound", "tensor_stats", "tensor_bounds",
+           "compare_tensors"]
 
 U = 2.0 ** -24  # float32's unit roundoff
 LAMBDA = 4.0  # sqrt(n) u bounds hold with probability >= 1 - 2 exp(-LAMBDA^2 / 2) (Higham & Mary 2019)
