@@ -11,7 +11,11 @@
 - data moves one way: every core module belongs to a layer of :data:`LAYERS`, and imports
   only from its own layer and those before it;
 - no module of the core is longer than 600 lines unless its docstring has a line starting
-  ``Size:`` that says why.
+  ``Size:`` that says why;
+- the trainer stays short after the change that shortened it: ``trainer.py`` at most 300
+  lines, each schedule's loop (``loops/*.py``) at most 150, no function in them over 70
+  lines, and no ``Size:`` exemption for them (new features go into the phases and modules
+  the loop calls, not into the loop).
 
 Each failure names the file and line and what to do.
 """
@@ -306,7 +310,7 @@ LAYERS = [
     ("preflight", {"preflight", "stopping"}),
     ("engines", {"engines"}),
     ("evaluation", {"evaluation"}),
-    ("trainer", {"trainer"}),
+    ("trainer", {"run", "steps", "loops", "trainer"}),
     ("the plugin API and the test kit", {"__init__", "testing"}),
 ]
 
@@ -317,6 +321,35 @@ def layer_of(module: str) -> int:
         if top in members:
             return rank
     raise KeyError(top)
+
+
+#: The trainer and the schedules' loops: (path glob, most lines), functions at most LOOP_FUNCTION_LINES.
+LOOP_LIMITS = (("trainer.py", 300), ("loops/*.py", 150))
+LOOP_FUNCTION_LINES = 70
+
+
+def test_the_trainer_and_the_loops_stay_short():
+    problems = []
+    for pattern, most in LOOP_LIMITS:
+        paths = sorted(CORE.glob(pattern))
+        assert paths, pattern
+        for path in paths:
+            source = path.read_text()
+            where = path.relative_to(ROOT)
+            if len(source.splitlines()) > most:
+                problems.append(f"{where}:1: {len(source.splitlines())} lines (at most {most}): move the feature into "
+                                f"the phases (rlfactory_core/steps.py) or the modules they call")
+            tree = ast.parse(source)
+            doc = ast.get_docstring(tree) or ""
+            if any(line.startswith("Size:") for line in doc.splitlines()):
+                problems.append(f"{where}:1: no 'Size:' exemption here")
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > LOOP_FUNCTION_LINES:
+                        problems.append(f"{where}:{node.lineno}: {node.name} is {length} lines (at most "
+                                        f"{LOOP_FUNCTION_LINES})")
+    assert not problems, "\n".join(problems)
 
 
 def test_every_core_module_has_a_layer():
