@@ -87,7 +87,7 @@ async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunCo
         from .records import trajectory_records, write_records
 
         write_records(record_in, record_kind, step, trajectory_records(
-            trajectories, step=step, kind=record_kind, scored=scored, tokenizer=tokenizer, policy_version=step,
+            trajectories, step=step, kind=record_kind, scored=scored, tokenizer=tokenizer,
             row_samples=[samples[t.group] if t.group is not None else None for t in trajectories]))
     if out_dir is not None and config.eval.save_samples:
         _save_samples(out_dir / f"step-{step:06d}.jsonl", trajectories[:config.eval.save_samples],

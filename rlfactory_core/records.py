@@ -18,8 +18,9 @@ one row per trajectory:
 
 - ``step`` (the training step it belongs to), ``kind`` (``train``, ``eval``,
   ``cold_start_eval``), ``index`` (its row in the file), ``sample_id``, ``group`` (its group in
-  the step's batch; -1 for eval), ``policy_version`` (the number of updates behind the weights
-  that sampled it);
+  the step's batch; -1 for eval), ``policy_version`` (the oldest weight version that sampled
+  any of its tokens: the number of updates behind those weights, as the backend reported it;
+  -1 if none did);
 - ``reward``, ``rewards`` (each reward and component, ``name -> value``), ``reward_errors``,
   ``correct`` (null: no reward said), ``turn_rewards``, ``advantage`` (the trajectory's;
   null for eval);
@@ -109,28 +110,29 @@ def scalar_schema() -> Any:
 
 
 def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, scored: Any,
-                       row_samples: Sequence[Any], tokenizer: Any, policy_version: int,
+                       row_samples: Sequence[Any], tokenizer: Any,
                        rows: Iterable[int] | None = None, advantages: Any = None, token_advantages: Any = None,
                        trainer_logprobs: Any = None) -> list[dict[str, Any]]:
     """The records of ``trajectories[rows]`` (all by default), scored by ``scored`` (a
     :class:`~rlfactory_core.rewards.ScoredBatch` of all of them). ``row_samples``: each
     trajectory's sample (None where unknown), for its expected answer. For training rows, the
     batch's ``advantages`` ``[B]`` and ``token_advantages`` / ``trainer_logprobs`` ``[B, L]``
-    (the batch's rows are the trajectories'). ``policy_version``: the number of updates behind
-    the weights that sampled them."""
+    (the batch's rows are the trajectories'). Each model token's ``policy_version`` is its
+    segment's (:class:`~rlfactory_core.types.Segment`: the version the backend sampled it with)."""
     pieces = _PieceCache(tokenizer)
     records = []
     for index, row in enumerate(range(len(trajectories)) if rows is None else rows):
         trajectory, sample = trajectories[row], row_samples[row]
         expected = sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None
-        sequence = _sequence(trajectory, pieces, policy_version,
+        sequence = _sequence(trajectory, pieces,
                              None if token_advantages is None else token_advantages[row].tolist(),
                              None if trainer_logprobs is None else trainer_logprobs[row].tolist())
         error = trajectory.metadata.get("error")
         records.append({
             "step": step, "kind": kind, "index": index, "sample_id": str(trajectory.sample_id),
             "group": -1 if kind != "train" or trajectory.group is None else int(trajectory.group),
-            "policy_version": policy_version, "reward": float(scored.totals[row]),
+            "policy_version": min((v for v in sequence["policy_version"] if v >= 0), default=-1),
+            "reward": float(scored.totals[row]),
             "rewards": {str(k): float(v) for k, v in scored.components[row].items()},
             "reward_errors": list(scored.reward_errors[row]), "correct": scored.correct[row],
             "turn_rewards": [float(r) for r in trajectory.turn_rewards],
@@ -184,7 +186,7 @@ class _PieceCache:
         return [self.known[i] for i in ids]
 
 
-def _sequence(trajectory: Any, pieces: _PieceCache, policy_version: int, token_advantages: list[float] | None,
+def _sequence(trajectory: Any, pieces: _PieceCache, token_advantages: list[float] | None,
               trainer_logprobs: list[float] | None) -> dict[str, list[Any]]:
     ids = list(trajectory.prompt_ids)
     segment, turn = [PROMPT] * len(ids), [-1] * len(ids)
@@ -199,7 +201,8 @@ def _sequence(trajectory: Any, pieces: _PieceCache, policy_version: int, token_a
         turn.extend([max(model_turn, 0)] * n)
         mask.extend([part.loss_mask] * n)
         sampler.extend(part.logprobs if model and part.logprobs is not None else [None] * n)
-        versions.extend([policy_version if model else -1] * n)
+        version = getattr(part, "policy_version", None)
+        versions.extend([version if model and version is not None else -1] * n)
 
     def on_model_tokens(values: list[float] | None) -> list[float | None]:
         if values is None:

@@ -169,12 +169,12 @@ async def end_step(run: Run, step: int, rollout: StepRollout, update: StepUpdate
 
 def _record_train_rows(run: Run, step: int, rollout: StepRollout, batch: Any, rows: list[int]) -> None:
     """The recorded groups of the step, token by token, with what the update saw
-    (:mod:`rlfactory_core.records`); sampled by the weights of ``step - 1`` updates."""
+    (:mod:`rlfactory_core.records`), each model token with the weight version that sampled it."""
     trajectories = rollout.assembled.trajectories
     by_id = {str(s.get("id")): s for s in rollout.samples if hasattr(s, "get")}
     write_records(run.run_dir, "train", step, trajectory_records(
         trajectories, step=step, kind="train", scored=rollout.assembled.scored, tokenizer=run.tokenizer,
-        policy_version=step - 1, row_samples=[by_id.get(str(t.sample_id)) for t in trajectories], rows=rows,
+        row_samples=[by_id.get(str(t.sample_id)) for t in trajectories], rows=rows,
         advantages=batch["sequence_advantages"], token_advantages=batch["advantages"],
         trainer_logprobs=batch.get("trainer_logprobs", None)))
 

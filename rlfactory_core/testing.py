@@ -209,7 +209,8 @@ class ScriptedBackend:
     the log-probability ``logprob``.
 
     ``prompts`` holds the prompt ids of every call in order; ``weight_updates`` counts
-    :meth:`update_weights` calls; ``closed`` says whether :meth:`close` ran.
+    :meth:`update_weights` calls; ``weight_version`` is the version they set (every reply
+    carries it as its ``policy_version``); ``closed`` says whether :meth:`close` ran.
     """
 
     name = "scripted"
@@ -223,6 +224,7 @@ class ScriptedBackend:
         self.end_token_id = tokenizer.eos_token_id if end_token_id is None else end_token_id
         self.prompts: list[list[int]] = []
         self.weight_updates = 0
+        self.weight_version = 0
         self.closed = False
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Any, **_: Any) -> Any:
@@ -248,10 +250,12 @@ class ScriptedBackend:
                             f"token ids")
         finish = "length" if len(ids) > sampling.max_tokens else "stop"
         ids = ids[:sampling.max_tokens]
-        return Generation(token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish)
+        return Generation(token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish,
+                          policy_version=self.weight_version)
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
         self.weight_updates += 1
+        self.weight_version = self.weight_version + 1 if version is None else version
 
     async def close(self) -> None:
         self.closed = True

@@ -132,13 +132,16 @@ class Segment:
     sampler, one per token) or ``"observation"`` (rendered tool results and chat-template
     glue: loss mask 0, no logprobs). ``num_messages`` is how many of the trajectory's
     ``messages`` the segment renders (1 for a model turn), which marks turn boundaries in
-    the conversation.
+    the conversation. ``policy_version`` (model segments the backend sampled): the weight
+    version that sampled them (:class:`~rlfactory_core.rollout.Generation`); None where no
+    policy did (a replayed demonstration).
     """
 
     kind: Literal["model", "observation"]
     token_ids: list[int]
     logprobs: list[float] | None = None
     num_messages: int = 1
+    policy_version: int | None = None
 
     @property
     def loss_mask(self) -> int:

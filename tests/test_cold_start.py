@@ -17,6 +17,7 @@ from rlfactory_core.engines import rollout_config_for
 from rlfactory_core.engines.local import LocalRollout
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.hookspecs import hookimpl
+from rlfactory_core.records import RunRecords
 from rlfactory_core.metrics import read_metrics
 from rlfactory_core.preflight import preflight
 from rlfactory_core.rollout import ChatTemplate, check_retokenization, rollout
@@ -320,6 +321,11 @@ def test_a_run_warms_up_on_demonstrations_evaluates_the_warm_up_alone_then_train
         assert key in cold, key
     assert (run_dir / "samples" / "cold_start" / "step-000000.jsonl").exists()
     assert "train/loss" in records[2]
+    # the warm-up is an update: the weights it pushed are version 1, sampled by its eval and step 1
+    recorded = RunRecords(run_dir)
+    versions = [(kind, step, {r["policy_version"] for r in recorded.list(kind, step)})
+                for kind, step in (("eval", 0), ("cold_start_eval", 0), ("train", 1), ("eval", 1))]
+    assert versions == [("eval", 0, {0}), ("cold_start_eval", 0, {1}), ("train", 1, {1}), ("eval", 1, {2})]
     # said before the warm-up starts (minutes on a CPU), then its result
     out = capsys.readouterr().out
     announced = (f"cold start: 3 examples ({cold['cold_start/tokens']:.0f} tokens) collected in "

@@ -301,6 +301,12 @@ async def test_update_weights_switches_to_the_new_weights_between_requests(model
     assert first.result().token_ids == expected_old  # in flight: finished on the old weights
     assert second.result().token_ids == expected_new  # queued behind the update: new weights
     assert backend.stats()["weight_updates"] == 1
+    # each request reports the weight version that sampled it: one past the start's by default
+    assert (first.result().policy_version, second.result().policy_version, backend.weight_version) == (0, 1, 1)
+    # or the version the caller numbers it with (an engine's count of updates; a resumed run's)
+    await backend.update_weights(model.state_dict().items(), version=7)
+    again = await backend.generate(running, long_turn)
+    assert again.token_ids == expected_old and again.policy_version == backend.weight_version == 7
 
 
 async def test_update_weights_refuses_unknown_names_and_wrong_shapes(model, backend):
@@ -313,9 +319,10 @@ async def test_update_weights_refuses_unknown_names_and_wrong_shapes(model, back
         await backend.update_weights([*weights.items(), ("model.norm.weight", torch.ones(3))])
     with pytest.raises(ModelError, match="expected a torch.Tensor"):
         await backend.update_weights([("model.norm.weight", [1.0] * 64)])
-    # Nothing was half-applied.
-    assert (await backend.generate(prompt, GREEDY)).token_ids == reference_greedy(model, prompt, GREEDY.max_tokens)
-    assert backend.stats()["weight_updates"] == 0
+    # Nothing was half-applied, and the version did not move.
+    unchanged = await backend.generate(prompt, GREEDY)
+    assert unchanged.token_ids == reference_greedy(model, prompt, GREEDY.max_tokens) and unchanged.policy_version == 0
+    assert backend.stats()["weight_updates"] == 0 and backend.weight_version == 0
 
 
 # -- shutdown ---------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from rlfactory_core.training.checkpoint import latest_checkpoint  # noqa: E402
 from rlfactory_core.config import load_config  # noqa: E402
 from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402
+from rlfactory_core.records import RunRecords  # noqa: E402
 from rlfactory_core.engines.ray import RayEngine  # noqa: E402
 from rlfactory_core.engines.ray.actors import SharedTool, ToolActor  # noqa: E402
 from rlfactory_core.engines.ray.engine import chunks, remote  # noqa: E402
@@ -172,6 +173,9 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
     # weights' (other tokens, or logprobs 0.05 or more apart, measured)
     assert all(same_turns(r, t) for r, t in zip(ray_next, local_next, strict=True))
     assert not any(same_turns(t, b) for t, b in zip(local_next, base_next, strict=True))
+    # and each says so: sampled by version 1 (one update), the replacement worker's too
+    assert {s.policy_version for t in ray_next + local_next for s in t.segments if s.kind == "model"} == {1}
+    assert {s.policy_version for t in base_next for s in t.segments if s.kind == "model"} == {0}
     assert re.match(r"rollout worker [01] died and the 1 replacement\(s\) a step that ray.max_restarts allows "
                     r"are used up \(\w+Error", used_up.message), used_up.message
     assert "raise ray.max_restarts" in used_up.hint
@@ -364,6 +368,11 @@ def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ra
     resumed = [m for m in read_metrics(run_dir) if m.get("train/optimizer_steps")]
     assert [m["step"] for m in resumed] == [1, 2] and "weight_sync/mb" in resumed[-1]
     assert resumed[-1]["train/trained_tokens"] > 0
+    # the rollout worker started from the checkpoint's weights (version 1) and took the next push's
+    recorded = RunRecords(run_dir)
+    assert {r["policy_version"] for r in recorded.list("train", 2)} == {1}
+    assert {r["policy_version"] for r in recorded.list("eval", 2)} == {2}
+    assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 2
 
 
 JOIN = """

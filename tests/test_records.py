@@ -41,8 +41,10 @@ def _trajectory(group, tokenizer):
     t.messages = [Message("user", "What is 2+3?"), Message("assistant", "", tool_calls=[call]),
                   Message("tool", "5", name="calc", tool_call_id="c1"), Message("assistant", "5 é")]
     first, second = ids('calc("2+3")'), ids("5 é")
-    t.segments = [Segment("model", first, [-0.1] * len(first)), Segment("observation", ids("result: 5")),
-                  Segment("model", second, [-0.2] * len(second))]
+    # the second turn was sampled after a weight update: version 3, the first 2
+    t.segments = [Segment("model", first, [-0.1] * len(first), policy_version=2),
+                  Segment("observation", ids("result: 5")),
+                  Segment("model", second, [-0.2] * len(second), policy_version=3)]
     t.tool_calls = [call]
     t.tool_results = [ToolResult("calc", "5", call_id="c1", error="timeout", latency_s=0.25)]
     t.turn_rewards, t.final_answer, t.stop_reason = [0.0, 0.5], "5 é", "no_tool_call"
@@ -62,7 +64,7 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
                          reward_errors=[[], ["judge: timed out"], [], []])
     fake_trainer = torch.full(batch["loss_mask"].shape, -0.3)
     records = trajectory_records(trajectories, step=3, kind="train", scored=scored, tokenizer=tokenizer,
-                                 policy_version=2, row_samples=[{"answer": "5"}] * 4, rows=[0, 1],
+                                 row_samples=[{"answer": "5"}] * 4, rows=[0, 1],
                                  advantages=batch["sequence_advantages"], token_advantages=batch["advantages"],
                                  trainer_logprobs=fake_trainer)
     path = write_records(tmp_path, "train", 3, records)
@@ -94,7 +96,9 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
     assert all(sequence["trainer_logprob"][i] == pytest.approx(-0.3) for i in model_at)
     assert sequence["advantage"][model_at[0]] == pytest.approx(float(batch["advantages"][1][model_at[0]]))
     assert sequence["sampler_logprob"][0] is None and sequence["trainer_logprob"][0] is None
-    assert {sequence["policy_version"][i] for i in model_at} == {2} and sequence["policy_version"][0] == -1
+    assert [sequence["policy_version"][i] for i in model_at] == [2] * n_first + [3] * len(t.segments[2].token_ids)
+    assert sequence["policy_version"][0] == -1 and set(sequence["policy_version"][n_prompt + n_first:][:n_obs]) == {-1}
+    assert record["policy_version"] == 2  # the trajectory's oldest
     assert record["reward_errors"] == ["judge: timed out"] and json.loads(record["expected"]) == "5"
     assert record["tool_calls"] == [{"name": "calc", "arguments": '{"expr": "2+3"}', "id": "c1", "turn": 0,
                                      "result": "5", "error": "timeout", "latency_s": 0.25}]

@@ -27,7 +27,7 @@ from rlfactory_core.config import load_config
 from rlfactory_core.hookspecs import hookimpl
 from rlfactory_core.testing import registered_plugin, train
 from rlfactory_core.metrics import read_metrics
-from rlfactory_core.records import RunRecords
+from rlfactory_core.records import MODEL, RunRecords
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.types import Segment, Trajectory
 
@@ -356,15 +356,34 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
     # the trainer scored the sampled tokens of the same weights: near the sampler's logprobs
     assert all(abs(sequence["trainer_logprob"][i] - sequence["sampler_logprob"][i]) < 0.05 for i in model_at)
 
+    # policy versions as the backend reported them: step k trains on tokens of the weights after
+    # k - 1 updates, the eval after step k sees k updates; the checkpoint keeps the count
+    assert _versions(recorded, "train") == {1: {0}, 2: {1}} and _versions(recorded, "eval") == {0: {0}, 1: {1}, 2: {2}}
+    assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 2
+
     # the same run, continued: two more steps, the data order of an uninterrupted run
     longer = load_config([run_dir / "config.yaml"], ["train.steps=4"])
     train(longer, resume=run_dir)
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    recorded = RunRecords(run_dir)
+    assert _versions(recorded, "train") == {1: {0}, 2: {1}, 3: {2}, 4: {3}}  # counted on from the checkpoint
+    assert _versions(recorded, "eval")[4] == {4}
     train_ids = [s["id"] for s in load_samples(longer, _env(), "train", None)]
     expected = batch_indices(len(train_ids), 8, seed=longer.train.seed, position=0)
     logged = [sid for r in records[1:] for sid in r["samples"]]
     assert logged == [train_ids[i] for i in expected]
+
+
+def _versions(recorded, kind):
+    """``{step: the policy versions of its recorded model tokens}``."""
+    out = {}
+    for step in recorded.steps(kind):
+        for row in recorded.list(kind, step):
+            sequence = recorded.trajectory(kind, step, row["index"])["sequences"][0]
+            out.setdefault(step, set()).update(v for v, m in zip(sequence["policy_version"], sequence["segment"])
+                                               if m == MODEL)
+    return out
 
 
 def _env():

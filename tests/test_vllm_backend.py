@@ -442,9 +442,14 @@ async def test_update_weights_changes_the_policy_and_restores_it(backend, tokeni
     in_flight = asyncio.create_task(backend.generate(prompt, sampling))
     await asyncio.sleep(0)
     await backend.update_weights(perturbed.state_dict().items())
-    assert (await in_flight).token_ids == original.token_ids
+    finished_before = await in_flight
+    assert finished_before.token_ids == original.token_ids
+    # each generation reports the weight version that sampled it: the update made the next one
+    versions = original.policy_version, finished_before.policy_version
+    assert versions == (backend.weight_version - 1,) * 2
 
     updated = await backend.generate(prompt, sampling)
+    assert updated.policy_version == backend.weight_version == versions[0] + 1
     assert updated.metadata["num_cached_tokens"] == 0, "KV computed with the old weights is not reused"
     assert updated.token_ids == expected_tokens
     # Every weight arrived (the fused and repacked layers too): the logprobs are those of
@@ -453,9 +458,9 @@ async def test_update_weights_changes_the_policy_and_restores_it(backend, tokeni
     stale = hf_logprobs(hf_model, prompt, updated.token_ids)
     assert (torch.tensor(updated.logprobs) - stale).abs().max().item() > 10 * LOGPROB_TOL
 
-    await backend.update_weights(hf_model.state_dict().items())
+    await backend.update_weights(hf_model.state_dict().items(), version=40)
     restored = await backend.generate(prompt, sampling)
-    assert restored.metadata["num_cached_tokens"] == 0
+    assert restored.metadata["num_cached_tokens"] == 0 and restored.policy_version == 40
     assert restored.token_ids == original.token_ids
     assert restored.logprobs == pytest.approx(original.logprobs, abs=1e-5)
     assert set(staged_weight_dirs()) <= already_there, "the staged weight files are removed"

@@ -10,6 +10,12 @@ generation backends), and sometimes :meth:`Engine.save` (a checkpoint). Every me
 coroutine, so the loop can await an engine's work while it answers a stop request
 (:mod:`rlfactory_core.stopping`) and, later, overlap rollout with training.
 
+Policy versions: an engine numbers the trainer's weights, ``policy_version``: 0 for the base
+model, one more after each :meth:`Engine.update` and :meth:`Engine.supervised_update`.
+:meth:`Engine.sync_weights` gives the backends that version, so every sampled token carries
+the version that sampled it (``Generation.policy_version``, ``Segment.policy_version``); a
+checkpoint keeps it (``policy_version`` in its state), and a resumed run counts on from it.
+
 An engine may run its work wherever it likes, with one rule: the update of a policy runs on
 one dedicated thread for the whole run (per-thread malloc arenas once kept the gigabytes an
 update frees in whichever thread pool worker ran it, growing a run by ~3 GB a step until it
@@ -23,7 +29,7 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from ..config import RunConfig
 
-__all__ = ["Engine", "RolloutResult", "rollout_config_for"]
+__all__ = ["Engine", "RolloutResult", "rollout_config_for", "resumed_version"]
 
 
 class RolloutResult(NamedTuple):
@@ -36,9 +42,20 @@ class RolloutResult(NamedTuple):
     times: dict[str, float]
 
 
+def resumed_version(state: dict[str, Any] | None) -> int:
+    """The policy version of a checkpoint's weights (see the module docstring): its
+    ``policy_version``, or for a checkpoint written before versions were counted, its step
+    (one update a step)."""
+    if state is None:
+        return 0
+    return int(state.get("policy_version", state.get("step", 0)))
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Everything the training loop needs from an engine; all methods are coroutines."""
+
+    policy_version: int
 
     async def start(self) -> dict[str, Any] | None:
         """Load the models and start the generation backends; return the resumed

@@ -20,7 +20,7 @@ from ..threads import DaemonThreadPool
 from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
                                return_freed_memory, training_device, use_packing, weights_for_backend)
 from ..training.update import update_policy
-from .base import RolloutResult
+from .base import RolloutResult, resumed_version
 
 __all__ = ["LocalEngine", "LocalRollout", "backend_for"]
 
@@ -116,8 +116,10 @@ class LocalEngine:
         state = None
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.policy_version = resumed_version(state)
         self.generation = await LocalRollout.open(config, self.task, model_path, self.tokenizer, self.processor)
         self.backend = self.generation.backend
+        self.backend.weight_version = self.policy_version
         return state
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -129,6 +131,7 @@ class LocalEngine:
                                             self.config, step=step, packed=self.packed)
         return_freed_memory()
         self.scheduler.step()
+        self.policy_version += 1
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats
 
@@ -141,10 +144,11 @@ class LocalEngine:
 
         stats = await self._on_train_thread(warm_up)
         return_freed_memory()
+        self.policy_version += 1
         return stats
 
     async def sync_weights(self) -> dict[str, float]:
-        await self.backend.update_weights(weights_for_backend(self.policy))
+        await self.backend.update_weights(weights_for_backend(self.policy), version=self.policy_version)
         return {}
 
     async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
@@ -153,7 +157,8 @@ class LocalEngine:
         # on the training thread: the policy's tensors are read where they are written
         await self._on_train_thread(
             save_checkpoint, run_dir, step, model=self.policy, tokenizer=tokenizer, optimizer=self.optimizer,
-            scheduler=self.scheduler, state=state, config=self.config.model_dump(mode="json"),
+            scheduler=self.scheduler, state={**state, "policy_version": self.policy_version},
+            config=self.config.model_dump(mode="json"),
             keep=self.config.checkpoint.keep)
 
     async def _on_train_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:

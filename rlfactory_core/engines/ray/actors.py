@@ -254,7 +254,7 @@ class RolloutWorker:
         return self.finished
 
     async def start(self, config_json: dict[str, Any], model_path: str, tokenizer_path: str,
-                    tools: dict[str, Any], judges: list[Any], weights: Any = None) -> None:
+                    tools: dict[str, Any], judges: list[Any], weights: Any = None, version: int | None = None) -> None:
         from ...models import load_tokenizer
         from ...task import build_task
         from ..local import LocalRollout
@@ -269,8 +269,9 @@ class RolloutWorker:
                            make_reward=lambda spec: PooledReward(spec.name, judges) if spec.name in pooled else None)
         self.generation = await LocalRollout.open(config, task, model_path, load_tokenizer(tokenizer_path))
         if weights is not None:
-            await self.generation.backend.update_weights(weights)
-
+            await self.generation.backend.update_weights(weights, version)
+        elif version is not None:  # the checkpoint's weights, loaded from model_path
+            self.generation.backend.weight_version = version
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, group_size: int,
                       rewards: str) -> tuple[list[Any], Any, dict[str, float]]:
         trajectories, scored, times = await self.generation.rollout(samples, rollout_config, group_size=group_size,
@@ -280,8 +281,8 @@ class RolloutWorker:
         self.finished += 1
         return trajectories, scored, times
 
-    async def update_weights(self, weights: list[tuple[str, Any]]) -> None:
-        await self.generation.backend.update_weights(weights)
+    async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> None:
+        await self.generation.backend.update_weights(weights, version)
 
     async def close(self) -> None:
         generation = getattr(self, "generation", None)

@@ -14,7 +14,7 @@ import ray
 
 from ...config import RunConfig
 from ...errors import ConfigError, RLFactoryError, one_line
-from ..base import RolloutResult
+from ..base import RolloutResult, resumed_version
 from .actors import JudgeActor, RolloutWorker, ToolActor, TrainerWorker, role_threads, threads_for
 
 __all__ = ["RayEngine", "chunks", "remote"]
@@ -92,6 +92,8 @@ class RayEngine:
         self.tool_actors: dict[str, Any] = {}
         self.judges: list[Any] = []
         self.weights: Any = None  # ObjectRef of the latest synced weights
+        self.policy_version = 0  # of the trainer's weights (engines.base); set by start
+        self.synced_version: int | None = None  # of self.weights; None: the workers' own (start's)
         self.restarts = 0  # rollout workers replaced, whole run
         self.restarts_left = config.ray.max_restarts  # this step's: reset by each rollout, spent by the push too
 
@@ -243,11 +245,14 @@ class RayEngine:
                                                      str(self.base_path),
                                                      str(self.checkpoint) if self.checkpoint else None)
                                       for t in self.trainers])
+        state = None
+        if self.checkpoint is not None:
+            state = json.loads((self.checkpoint / "state.json").read_text(encoding="utf-8"))
+        # the workers load the checkpoint's (or the base) weights: that version, until the first sync
+        self.policy_version = self.synced_version = resumed_version(state)
         self.rollout_workers = [None] * r.rollout.workers
         await asyncio.gather(*(self._start_rollout_worker(i) for i in range(r.rollout.workers)))
-        if self.checkpoint is None:
-            return None
-        return json.loads((self.checkpoint / "state.json").read_text(encoding="utf-8"))
+        return state
 
     async def _ready(self, role: str, refs: list[Any]) -> list[Any]:
         """The results of a role's start-up calls; a config problem raised in an actor comes
@@ -270,7 +275,7 @@ class RayEngine:
         self.rollout_workers[index] = worker
         await self._ready("rollout", [worker.start.remote(self.config_json, str(self.model_path),
                                                           str(self.base_path), self.tool_actors, self.judges,
-                                                          self.weights)])
+                                                          self.weights, self.synced_version)])
         return worker
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -338,12 +343,14 @@ class RayEngine:
         stats, trainer_logprobs = results[0]
         if trainer_logprobs is not None:  # the engine protocol: as the local engine's update leaves it
             batch["trainer_logprobs"] = trainer_logprobs
+        self.policy_version += 1
         return stats
 
     async def supervised_update(self, batch: Any) -> dict[str, float]:
         batch_ref = ray.put(batch)
         stats = await self._trainer_call("the cold start",
                                          [t.supervised_update.remote(batch_ref) for t in self.trainers])
+        self.policy_version += 1
         return stats[0]
 
     async def sync_weights(self) -> dict[str, float]:
@@ -353,12 +360,12 @@ class RayEngine:
         await self._trainer_call("the weight gather", [size for _, size in refs])
         gathered = time.perf_counter() - t
         weights, size_ref = refs[0]
-        self.weights = weights
+        self.weights, self.synced_version = weights, self.policy_version
         size = await size_ref
 
         async def push(index: int, worker: Any) -> None:
             try:
-                await worker.update_weights.remote(weights)
+                await worker.update_weights.remote(weights, self.synced_version)
             except ray.exceptions.RayActorError as exc:
                 # lost since its rollout: the replacement starts from these weights (self.weights)
                 self._spend_restart(index, exc)
@@ -374,6 +381,7 @@ class RayEngine:
                 "weight_sync/ms_per_mb": 1000 * total / max(mb, 1e-9)}
 
     async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
+        state = {**state, "policy_version": self.policy_version}
         refs = [t.save.remote(str(Path(run_dir).resolve()), step, state, str(self.base_path))
                 for t in self.trainers]
         try:

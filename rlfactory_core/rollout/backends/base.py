@@ -13,6 +13,14 @@ rollout's temperature; top-k / top-p truncation is not applied in training, as i
 TRL, so with them on ``train/sampler_*`` also measures the truncation). Greedy requests
 (temperature below :data:`GREEDY_TEMPERATURE`) report the raw ``log_softmax(logits)``. Both backends report the same
 quantity (vLLM's ``logprobs_mode="processed_logprobs"``).
+
+Weight versions: a backend serves one version of the weights at a time, ``weight_version``
+(0 for the weights it was built with, unless its owner says otherwise). ``update_weights``
+moves it to the version given (the engine numbers its pushes), or one past the current one.
+Every request is sampled by a single version, reported as ``Generation.policy_version``:
+requests in flight at an update finish on the old weights before it applies, later ones
+start on the new (``hf``: admission stops and the running rows finish; ``vllm``: the engine
+pauses in ``"wait"`` mode).
 """
 
 from __future__ import annotations
@@ -84,13 +92,15 @@ class Generation:
     token when the turn ended on one. ``logprobs``: one per token (see the module
     docstring). ``finish_reason``: ``"stop"`` (an end-of-sequence or stop token),
     ``"length"`` (``max_tokens`` reached) or ``"abort"`` (the backend gave up on the
-    request, e.g. on shutdown).
+    request, e.g. on shutdown). ``policy_version``: the weight version that sampled every
+    token (see the module docstring).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     metadata: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
 
 
 class Backend(Protocol):
@@ -107,9 +117,14 @@ class Backend(Protocol):
         the prompt's image tokens, in order (both built-in backends do). The agent loop
         passes it only when the context has images, so text-only backends need not."""
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    weight_version: int
+    """The version of the weights new requests are sampled by (settable before serving: a
+    resumed run's backend starts from its checkpoint's version)."""
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
         """Load new weights (``(name, tensor)`` pairs named as in the HF checkpoint) without
-        restarting. Requests in flight finish first; later ones use the new weights."""
+        restarting; they are ``version`` (default: ``weight_version + 1``). Requests in flight
+        finish first, on the old version; later ones use the new weights."""
 
     async def close(self) -> None:
         """Stop the backend and free its memory. Idempotent."""

@@ -107,6 +107,7 @@ class _WeightUpdate:
     targets: list[tuple[torch.Tensor, torch.Tensor]]  # (model parameter/buffer, new value)
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    version: int | None = None  # None: one past the backend's current version
 
 
 def _eos_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -182,6 +183,7 @@ class HFBackend:
         self._closing = False  # guarded by _cond
         self._batch: Batch | None = None  # worker thread only
         self._stats = {"prefills": 0, "decode_steps": 0, "joined_running": 0, "max_rows": 0, "weight_updates": 0}
+        self._weight_version = 0  # guarded by _cond
         self._runner = BatchRunner(self._model, self._generator, self._stats)  # worker thread only
         self._thread = threading.Thread(target=self._serve, name="rlfactory-hf-backend", daemon=True)
         self._thread.start()
@@ -231,13 +233,24 @@ class HFBackend:
             self._cond.notify()
         return await request.future
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    @property
+    def weight_version(self) -> int:
+        """The version of the weights new requests are sampled by (see :mod:`.base`)."""
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: int) -> None:
+        with self._cond:
+            self._weight_version = int(version)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
         """Copy ``(name, tensor)`` pairs (HF checkpoint names) into the model, between
-        requests: admission stops, active rows finish, the copy happens, admission resumes.
-        Names and shapes are checked first; on any problem nothing is changed."""
+        requests: admission stops, active rows finish, the copy happens, admission resumes
+        on weight version ``version`` (default: one past the current one). Names and shapes
+        are checked first; on any problem nothing is changed."""
         targets = self._check_weights(named_tensors)
         loop = asyncio.get_running_loop()
-        update = _WeightUpdate(targets=targets, future=loop.create_future(), loop=loop)
+        update = _WeightUpdate(targets=targets, future=loop.create_future(), loop=loop, version=version)
         with self._cond:
             self._ensure_open()
             self._updates.append(update)
@@ -408,12 +421,16 @@ class HFBackend:
                 answer(update.loop, update.future, error=exc)
             else:
                 self._stats["weight_updates"] += 1
+                with self._cond:
+                    self._weight_version = self._weight_version + 1 if update.version is None else update.version
                 answer(update.loop, update.future)
 
     def _admit(self, admitted: list[Request]) -> None:
         """Prefill ``admitted`` and join them to the running batch. When a prefill of several
         requests fails, each is prefilled alone, so that one bad request (e.g. images that do
         not match its image tokens) fails by itself."""
+        for request in admitted:  # no update applies until the batch has drained
+            request.policy_version = self._weight_version
         try:
             joining = self._runner.prefill(admitted)
             if joining is not None and self._batch is not None:

@@ -37,6 +37,7 @@ class Request:
     image_inputs: dict[str, torch.Tensor] | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    policy_version: int = 0  # set when the request joins the batch: no update applies while it runs
 
     def abandoned(self) -> bool:
         # Read from the worker thread: a benign race, at worst the row runs one more step.
@@ -55,7 +56,8 @@ class Request:
             reason = "stop"
         else:
             reason = "length"
-        return Generation(token_ids=list(self.token_ids), logprobs=list(self.logprobs), finish_reason=reason)
+        return Generation(token_ids=list(self.token_ids), logprobs=list(self.logprobs), finish_reason=reason,
+                          policy_version=self.policy_version)
 
 
 @dataclass(eq=False)

@@ -88,12 +88,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import multiprocessing
 import os
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -101,6 +99,7 @@ from ...errors import ConfigError, ModelError, RLFactoryError, one_line
 from ...models import resolve_model
 from .base import FinishReason, Generation, SamplingParams
 from .vllm_cpu import cpu_platform, environment, small_cpu_binding
+from .vllm_models import MAX_IMAGES_PER_PROMPT, VisionModel, checkpoint_dtype, collapse_image_runs, vision_of
 from .vllm_weights import EXTENSION, GIB, VISION_TOWER_RENAMES, renamed, staging_directory, write_shards
 
 __all__ = ["VLLMBackend", "MAX_IMAGES_PER_PROMPT", "collapse_image_runs"]
@@ -161,13 +160,18 @@ class VLLMBackend:
             "enforce_eager": enforce_eager,
         }
         self._engine_kwargs = engine_kwargs
-        self._vision = _vision_of(self._model_path)
+        self._vision = vision_of(self._model_path)
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
         self._update_lock: asyncio.Lock | None = None
         self._running: set[str] = set()  # request ids in flight
         self._closed = False
+        # The version of the weights served (see .base). Raised while generation is paused for
+        # an update, and read as a request's (final) output arrives: every request still
+        # running at a pause finishes on the old weights before it, so an output that
+        # arrives after the raise was sampled by the new ones.
+        self.weight_version = 0
 
     # ------------------------------------------------------------------ public API
 
@@ -193,11 +197,11 @@ class VLLMBackend:
         engine = await self._started_engine()
         prompt = await self._image_prompt(engine, prompt_ids, images) if images else _token_prompt(prompt_ids)
         request_id = f"rlf-{uuid.uuid4().hex}"
-        final = None
+        final, version = None, self.weight_version
         self._running.add(request_id)
         try:
             async for output in engine.generate(prompt, _vllm_sampling(sampling), request_id):
-                final = output
+                final, version = output, self.weight_version
         except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the user
             if self._closed:  # the engine went away under the request: shutdown, not its fault
                 return Generation(token_ids=[], logprobs=[], finish_reason="abort", metadata={"request_id": request_id})
@@ -206,12 +210,13 @@ class VLLMBackend:
             self._running.discard(request_id)
         if final is None:  # the stream ended without a final output: only on shutdown
             return Generation(token_ids=[], logprobs=[], finish_reason="abort", metadata={"request_id": request_id})
-        return _generation(final, request_id)
+        return _generation(final, request_id, version)
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
         """Load ``(name, tensor)`` pairs (HF checkpoint names, complete tensors) into the
-        running engine: in-flight requests finish first, later ones use the new weights,
-        and the prefix cache is reset."""
+        running engine: in-flight requests finish first, later ones use the new weights
+        (weight version ``version``, default one past the current), and the prefix cache
+        is reset."""
         engine = await self._started_engine()
         tensors = list(named_tensors)
         if not tensors:
@@ -221,7 +226,7 @@ class VLLMBackend:
         assert self._update_lock is not None
         async with self._update_lock:
             try:
-                await self._load_weights(engine, tensors)
+                await self._load_weights(engine, tensors, self.weight_version + 1 if version is None else version)
             except RLFactoryError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one line for the user, details in the log
@@ -388,7 +393,7 @@ class VLLMBackend:
         opts = self._options
         args: dict[str, Any] = {
             "model": str(self._model_path),
-            "dtype": opts["dtype"] or _checkpoint_dtype(self._model_path) or "auto",
+            "dtype": opts["dtype"] or checkpoint_dtype(self._model_path) or "auto",
             "max_model_len": opts["max_model_len"] if opts["max_model_len"] is not None else -1,
             "seed": opts["seed"],
             "enforce_eager": on_cpu if opts["enforce_eager"] is None else opts["enforce_eager"],
@@ -421,18 +426,24 @@ class VLLMBackend:
         args.update(self._engine_kwargs)
         return args
 
-    async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]]) -> None:
+    async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]], version: int) -> None:
         with staging_directory(tensors) as staging:
             # Written before pausing: requests keep running on the old weights meanwhile.
             paths = await asyncio.to_thread(write_shards, tensors, staging)
-            await self._load_files(engine, [str(p) for p in paths])
+            await self._load_files(engine, [str(p) for p in paths], version=version)
 
-    async def _load_files(self, engine: Any, paths: list[str], renames: Sequence[Sequence[str]] = ()) -> None:
+    async def _load_files(self, engine: Any, paths: list[str], renames: Sequence[Sequence[str]] = (),
+                          version: int | None = None) -> None:
         # clear_cache also clears the encoder cache of images: reloading weights without
         # it left the scheduler believing an image's features were still cached.
         await engine.pause_generation(mode="wait", clear_cache=True)
+        # the requests that finished before the pause have their outputs queued, and their
+        # tasks are ready to read them: let them, so that they take the old version
+        await asyncio.sleep(0)
         try:
             await engine.collective_rpc("rlfactory_load_weights", args=(paths, [list(r) for r in renames]))
+            if version is not None:  # paused: no output arrives between the load and this
+                self.weight_version = version
             if not await engine.reset_prefix_cache():
                 raise ModelError("vLLM could not reset its prefix cache after the weight update",
                                  hint="KV blocks of the old weights could be reused; " + _DEBUG_HINT)
@@ -485,7 +496,7 @@ def _vllm_sampling(sampling: SamplingParams) -> Any:
     )
 
 
-def _generation(output: Any, request_id: str) -> Generation:
+def _generation(output: Any, request_id: str, version: int = 0) -> Generation:
     completion = output.outputs[0]
     token_ids = list(completion.token_ids)
     raw_reason = completion.finish_reason
@@ -499,7 +510,8 @@ def _generation(output: Any, request_id: str) -> Generation:
     metadata: dict[str, Any] = {"request_id": request_id, "num_cached_tokens": output.num_cached_tokens}
     if raw_reason != reason:
         metadata["vllm_finish_reason"] = raw_reason
-    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason, metadata=metadata)
+    return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=reason, metadata=metadata,
+                      policy_version=version)
 
 
 def _startup_error(exc: Exception) -> str:
@@ -519,81 +531,3 @@ def _worker_error(exc: Exception) -> str:
     text = one_line(exc)
     marker = "Worker failed with error "
     return text[text.index(marker) + len(marker):] if marker in text else text
-
-
-# --------------------------------------------------------------------------- engine options
-
-
-#: Images one prompt may hold (vLLM's ``limit_mm_per_prompt``) unless backend options say.
-MAX_IMAGES_PER_PROMPT = 16
-
-
-@dataclass(frozen=True)
-class _Vision:
-    """What the backend needs of a LLaVA model: its image token, and the checkpoint files
-    to load renamed after a dummy start (empty when vLLM reads the names as they are)."""
-
-    image_token_id: int
-    checkpoint_files: list[str]
-
-
-def _vision_of(model_path: str | Path) -> _Vision | None:
-    """The vision facts of a LLaVA checkpoint (a local directory or a hub id); None for a
-    model this backend gives no images to (:func:`~rlfactory_core.models.vision_problem`)."""
-    from ...models import model_config, vision_problem
-
-    try:
-        config = model_config(model_path)
-    except Exception:  # noqa: BLE001 - vLLM reports an unreadable config when it starts
-        return None
-    if vision_problem(config) is not None:
-        return None
-    files: list[str] = []
-    if isinstance(model_path, Path):  # a hub LLaVA has vLLM's names (vision_tower.vision_model.*)
-        from safetensors import safe_open
-
-        files = sorted(str(path) for path in model_path.glob("*.safetensors"))
-        needs_renaming = False
-        for path in files:
-            with safe_open(path, framework="pt", device="cpu") as shard:
-                needs_renaming = needs_renaming or any(renamed(name, VISION_TOWER_RENAMES) != name
-                                                       for name in shard.keys())
-        files = files if needs_renaming else []
-    return _Vision(image_token_id=int(config.image_token_id), checkpoint_files=files)
-
-
-def collapse_image_runs(ids: list[int], image_token: int, images: int) -> list[int]:
-    """``ids`` with each image's run of ``image_token`` cut to one placeholder: the tokens
-    per image are the count of image tokens over ``images`` (every image the same size)."""
-    count = ids.count(image_token)
-    if count == 0 or count % images:
-        raise ModelError(f"{images} image(s) given, but the prompt has {count} image token(s)",
-                         hint="render the conversation with the model's processor (ChatTemplate(processor=...))")
-    per_image = count // images
-    out: list[int] = []
-    run = 0
-    for token in [*ids, None]:
-        if token == image_token:
-            run += 1
-            continue
-        if run:
-            if run % per_image:
-                raise ModelError(f"a run of {run} image tokens is not a whole number of images of {per_image} tokens",
-                                 hint="render the conversation with the model's processor")
-            out.extend([image_token] * (run // per_image))
-            run = 0
-        if token is not None:
-            out.append(token)
-    return out
-
-
-def _checkpoint_dtype(model_path: str | Path) -> str | None:
-    """The dtype in a local checkpoint's ``config.json`` (``dtype`` or ``torch_dtype``)."""
-    if not isinstance(model_path, Path):
-        return None  # a hub id: let vLLM read the config
-    try:
-        config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    dtype = config.get("dtype") or config.get("torch_dtype")
-    return str(dtype).removeprefix("torch.") if dtype else None
