@@ -142,7 +142,7 @@ class Generator:
             text = f"<think> {thought} </think>\n<search> {query} </search>"
             call = ToolCall(name="search", arguments={"query": query}, id=f"call-{turn}")
             t.messages.append(Message("assistant", text, tool_calls=[call]))
-            t.segments.append(self.model_segment(text, rng))
+            t.segments.append(self.model_segment(text, rng, step - 1 if train else step))
             t.tool_calls.append(call)
             if rng.random() < 0.01:
                 result = "Error: the search timed out"
@@ -164,7 +164,7 @@ class Generator:
             answer = question["answer"] if correct else rng.choice(COUNTRIES)[rng.randint(0, 4)]
             text = f"<think> The passage says it. </think>\n<answer> {answer} </answer>"
             t.messages.append(Message("assistant", text))
-            t.segments.append(self.model_segment(text, rng))
+            t.segments.append(self.model_segment(text, rng, step - 1 if train else step))
             t.stop_reason, t.final_answer = "no_tool_call", answer
         t.turn_rewards = [0.0] * sum(s.kind == "model" for s in t.segments)
         t.metadata = {"tool_errors": tool_errors} if tool_errors else {}
@@ -175,11 +175,13 @@ class Generator:
             reward = reward + (0.1 if searches else 0.0) - (0.2 if cut else 0.0)
         return t, reward, correct and not cut
 
-    def model_segment(self, text: str, rng: random.Random):
+    def model_segment(self, text: str, rng: random.Random, version: int):
+        """A model turn sampled by weight ``version`` (a sync run's: ``step - 1`` in training,
+        ``step`` in its eval)."""
         from rlfactory_core.types import Segment
 
         ids = self.ids(text + "<|im_end|>")
-        return Segment("model", ids, [-rng.expovariate(3.0) for _ in ids])
+        return Segment("model", ids, [-rng.expovariate(3.0) for _ in ids], policy_version=version)
 
     def step_records(self, step: int, eval_count: int, groups: int, group_size: int):
         """The step's eval and train records, as the trainer and run_eval make them."""
@@ -196,7 +198,7 @@ class Generator:
         scored = ScoredBatch(totals=list(rewards), components=[{"exact_match": r} for r in rewards],
                              correct=list(correct), errors={}, applied={})
         out["eval"] = trajectory_records(list(trajectories), step=step, kind="eval", scored=scored,
-                                         tokenizer=self.tokenizer, policy_version=step, row_samples=tests)
+                                         tokenizer=self.tokenizer, row_samples=tests)
         picked = rng.sample(self.questions["train"], groups)
         samples = [q for q in picked for _ in range(group_size)]
         made = [self.trajectory(q, rng, step, g // group_size, True) for g, q in enumerate(samples)]
@@ -221,7 +223,7 @@ class Generator:
                 at += n
         out["train"] = trajectory_records(
             list(trajectories), step=step, kind="train", scored=scored, tokenizer=self.tokenizer,
-            policy_version=step - 1, row_samples=samples, advantages=torch.tensor(advantages),
+            row_samples=samples, advantages=torch.tensor(advantages),
             token_advantages=token_advantages, trainer_logprobs=trainer)
         return out, made
 

@@ -184,8 +184,12 @@ async def opened(prepared: Prepared, console: Any) -> AsyncIterator[Run]:
 async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) -> AsyncIterator[Run]:
     """The engine started and the run's logging open; a stop request saves the last finished step."""
     config, task = prepared.config, prepared.task
-    engine = make_engine(config, task, prepared.tokenizer, base_path=prepared.base_path,
-                         checkpoint=prepared.checkpoint, processor=prepared.processor, console=console)
+    try:
+        engine = make_engine(config, task, prepared.tokenizer, base_path=prepared.base_path,
+                             checkpoint=prepared.checkpoint, processor=prepared.processor, console=console)
+    except BaseException:
+        await task.close()
+        raise
     # From here on a stop request is answered (rlfactory_core.stopping): first the start.
     stop = RunStopper(functools.partial(say, console)).install()
     try:
@@ -195,21 +199,24 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
         if stop.requested and isinstance(exc, asyncio.CancelledError):
             raise _interrupted(stop, run_dir, saved) from None
         raise
-    start_step = 0 if resumed is None else int(resumed["step"])
-    logger = MetricsLogger(run_dir, tensorboard=config.logging.tensorboard,
-                           wandb_project=config.logging.wandb_project, wandb_entity=config.logging.wandb_entity,
-                           run_name=run_dir.name, config=config.model_dump(mode="json"),
-                           resume_step=start_step if prepared.checkpoint else None)
-    if resumed is not None and start_step > 0 and resumed.get("metrics") and not any(
-            record.get("step") == start_step for record in read_metrics(run_dir)):
-        logger.log(start_step, resumed["metrics"])  # killed between its checkpoint and its metrics line
-    view = LiveView(config.train.steps, start_step=start_step, console=console,
-                    enabled={"auto": None, "on": True, "off": False}[config.logging.live])
-    run = Run(config, task, run_dir, engine, stop, logger, view, prepared.tokenizer, prepared.processor,
-              prepared.train_samples, prepared.eval_samples, position=0 if resumed is None else resumed["position"],
-              start_step=start_step, finished_step=start_step, last_saved=start_step)
-    notify("rlfactory_on_train_start", config=config)
+    logger: MetricsLogger | None = None
+    run: Run | None = None
     try:
+        start_step = 0 if resumed is None else int(resumed["step"])
+        logger = MetricsLogger(run_dir, tensorboard=config.logging.tensorboard,
+                               wandb_project=config.logging.wandb_project, wandb_entity=config.logging.wandb_entity,
+                               run_name=run_dir.name, config=config.model_dump(mode="json"),
+                               resume_step=start_step if prepared.checkpoint else None)
+        if resumed is not None and start_step > 0 and resumed.get("metrics") and not any(
+                record.get("step") == start_step for record in read_metrics(run_dir)):
+            logger.log(start_step, resumed["metrics"])  # killed between its checkpoint and its metrics line
+        view = LiveView(config.train.steps, start_step=start_step, console=console,
+                        enabled={"auto": None, "on": True, "off": False}[config.logging.live])
+        notify("rlfactory_on_train_start", config=config)
+        run = Run(config, task, run_dir, engine, stop, logger, view, prepared.tokenizer, prepared.processor,
+                  prepared.train_samples, prepared.eval_samples,
+                  position=0 if resumed is None else resumed["position"], start_step=start_step,
+                  finished_step=start_step, last_saved=start_step)
         with view:
             yield run
     except (PhaseDropped, asyncio.CancelledError):
@@ -217,17 +224,21 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
             raise
         _uncancel()
         # The model is that of the last finished step: a dropped step's update never ran.
-        if not stop.hard and run.finished_step > run.last_saved:
+        if run is not None and not stop.hard and run.finished_step > run.last_saved:
             if run.rng_before_step is not None:
                 set_rng_state(run.rng_before_step)
             with contextlib.suppress(asyncio.CancelledError):  # a second Ctrl-C: save() finished it first
                 await run.save(run.finished_step)
             _uncancel()
-        raise _interrupted(stop, run_dir, run.last_saved) from None
+        raise _interrupted(stop, run_dir, saved if run is None else run.last_saved) from None
     finally:
-        notify_end = functools.partial(notify, "rlfactory_on_train_end", step=run.finished_step,
-                                       metrics=dict(run.last_metrics))
-        await _close(stop, engine, task, before=lambda: (notify_end(), logger.close()))
+        def before() -> None:  # the end hook for a run whose start hook ran, then the metrics
+            if run is not None:
+                notify("rlfactory_on_train_end", step=run.finished_step, metrics=dict(run.last_metrics))
+            if logger is not None:
+                logger.close()
+
+        await _close(stop, engine, task, before=before)
 
 
 def step_started(run: Run, step: int) -> None:

@@ -25,7 +25,7 @@ from rlfactory_core.errors import ConfigError
 from rlfactory_core.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rlfactory_core.config import load_config
 from rlfactory_core.hookspecs import hookimpl
-from rlfactory_core.testing import registered_plugin, train
+from rlfactory_core.testing import ScriptedBackend, registered_plugin, scripted_backend, train
 from rlfactory_core.metrics import read_metrics
 from rlfactory_core.records import MODEL, RunRecords
 from rlfactory_core.models import load_tokenizer
@@ -373,6 +373,25 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
     expected = batch_indices(len(train_ids), 8, seed=longer.train.seed, position=0)
     logged = [sid for r in records[1:] for sid in r["samples"]]
     assert logged == [train_ids[i] for i in expected]
+
+
+def test_a_run_that_fails_after_its_engine_started_still_closes_it(tmp_path, tiny_model_dir, monkeypatch):
+    """Between the engine's start and the first step (the metrics writers, the live view): a
+    failure there closes the engine and its backends (a vLLM process or tool servers would be
+    left behind) and the run's status says it failed."""
+    from rlfactory_core import run as run_module
+    from rlfactory_core.run_status import read_status
+
+    def broken_logger(*args, **kwargs):
+        raise OSError("no space left on device (tensorboard)")
+
+    monkeypatch.setattr(run_module, "MetricsLogger", broken_logger)
+    backend = ScriptedBackend(load_tokenizer(tiny_model_dir), lambda text: "4")
+    run_dir = tmp_path / "run"
+    with scripted_backend(backend), pytest.raises(OSError, match="no space left"):
+        train(load_config([], [*SMALL_RUN, f"model.name={tiny_model_dir}", "train.steps=1", f"run_dir={run_dir}"]))
+    assert backend.closed
+    assert read_status(run_dir).state == "failed" and "no space left" in read_status(run_dir).message
 
 
 def _versions(recorded, kind):

@@ -1,4 +1,5 @@
-"""The engine protocol: what the training loop (:mod:`rlfactory_core.trainer`) asks of an engine.
+"""The engine protocol: what a run's schedule (:mod:`rlfactory_core.loops`, over the phases of
+:mod:`rlfactory_core.steps`) asks of an engine.
 
 An engine owns the policy, its optimizer and the generation backends, wherever they run:
 :class:`~rlfactory_core.engines.local.LocalEngine` keeps everything in this process;
@@ -45,7 +46,8 @@ class RolloutResult(NamedTuple):
 def resumed_version(state: dict[str, Any] | None) -> int:
     """The policy version of a checkpoint's weights (see the module docstring): its
     ``policy_version``, or for a checkpoint written before versions were counted, its step
-    (one update a step)."""
+    (one update a step: one short for a run whose cold start trained, which such a checkpoint
+    does not say)."""
     if state is None:
         return 0
     return int(state.get("policy_version", state.get("step", 0)))
@@ -59,7 +61,7 @@ class Engine(Protocol):
 
     async def start(self) -> dict[str, Any] | None:
         """Load the models and start the generation backends; return the resumed
-        checkpoint's state (``step``, ``position``), or None for a new run."""
+        checkpoint's state (``step``, ``position``, ``policy_version``), or None for a new run."""
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
                       rewards: str = "train") -> RolloutResult:

@@ -95,6 +95,7 @@ class LocalEngine:
                  checkpoint: Path | None, processor: Any = None):
         self.config, self.task, self.tokenizer, self.processor = config, task, tokenizer, processor
         self.base_path, self.checkpoint = base_path, checkpoint
+        self.policy_version = 0  # of the trainer's weights (engines.base); start sets a resumed run's
 
     async def start(self) -> dict[str, Any] | None:
         """Load the models and the backend; the checkpoint's state (None for a new run)."""

