@@ -253,9 +253,10 @@ class ScriptedBackend:
         return Generation(token_ids=ids, logprobs=[self.logprob] * len(ids), finish_reason=finish,
                           policy_version=self.weight_version)
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> float:
         self.weight_updates += 1
         self.weight_version = self.weight_version + 1 if version is None else version
+        return 0.0  # no weights to load: no request waits
 
     async def close(self) -> None:
         self.closed = True

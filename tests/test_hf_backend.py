@@ -301,6 +301,8 @@ async def test_update_weights_switches_to_the_new_weights_between_requests(model
     assert first.result().token_ids == expected_old  # in flight: finished on the old weights
     assert second.result().token_ids == expected_new  # queued behind the update: new weights
     assert backend.stats()["weight_updates"] == 1
+    # admission was held from the update's arrival until its copy
+    assert update.result() > 0
     # each request reports the weight version that sampled it: one past the start's by default
     assert (first.result().policy_version, second.result().policy_version, backend.weight_version) == (0, 1, 1)
     # or the version the caller numbers it with (an engine's count of updates; a resumed run's)

@@ -252,6 +252,8 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_get
             await asyncio.sleep(0.5)
             sync = await engine.sync_weights()
             assert engine.restarts == restarts + 1 and sync["weight_sync/mb"] > 0
+            # worker 0 took the push in place (its generation held meanwhile); worker 1's replacement started on it
+            assert sync["weight_sync/pause_s"] > 0
             assert await engine.rollout_workers[1].pid.remote() != idle
             again, _, _ = await engine.rollout(samples[-2:], rollout_config_for(config, 1), group_size=1)
             assert len(again) == 2

@@ -334,7 +334,8 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
                 "advantage/std", "train/loss", "train/kl", "train/entropy", "train/clip_fraction", "train/grad_norm",
                 "train/lr", "rollout/model_tokens_mean", "rollout/total_tokens_mean", "rollout/turns_mean",
                 "tools/calls_per_trajectory", "tools/error_rate", "time/rollout", "time/reward", "time/train",
-                "time/weight_sync", "time/step", "time/generation_per_trajectory", "time/tools_per_trajectory",
+                "time/weight_sync", "weight_sync/pause_s", "time/step", "time/generation_per_trajectory",
+                "time/tools_per_trajectory",
                 "eval/reward/mean", "eval/reward/accuracy", "train/sampler_logprob_diff"):
         assert key in step, key
     assert any(k.startswith("rollout/stop/") for k in step)

@@ -19,6 +19,7 @@ import copy
 import os
 import random
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -441,7 +442,10 @@ async def test_update_weights_changes_the_policy_and_restores_it(backend, tokeni
     # A request in flight when the update starts finishes on the old weights.
     in_flight = asyncio.create_task(backend.generate(prompt, sampling))
     await asyncio.sleep(0)
-    await backend.update_weights(perturbed.state_dict().items())
+    started = time.perf_counter()
+    pause = await backend.update_weights(perturbed.state_dict().items())
+    # the engine paused for the load only: the shards were written while it generated
+    assert 0 < pause < time.perf_counter() - started
     finished_before = await in_flight
     assert finished_before.token_ids == original.token_ids
     # each generation reports the weight version that sampled it: the update made the next one

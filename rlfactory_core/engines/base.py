@@ -79,7 +79,8 @@ class Engine(Protocol):
         its own at ``cold_start.lr``, on the update thread; its statistics (``cold_start/*``)."""
 
     async def sync_weights(self) -> dict[str, float]:
-        """The updated policy to every generation backend; metrics (``weight_sync/*``)."""
+        """The updated policy to every generation backend; metrics (``weight_sync/*``:
+        ``weight_sync/pause_s``, the longest any backend held new requests for it)."""
 
     async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
         """A checkpoint of ``step`` in ``run_dir`` (:mod:`rlfactory_core.training.checkpoint`),

@@ -149,8 +149,8 @@ class LocalEngine:
         return stats
 
     async def sync_weights(self) -> dict[str, float]:
-        await self.backend.update_weights(weights_for_backend(self.policy), version=self.policy_version)
-        return {}
+        pause = await self.backend.update_weights(weights_for_backend(self.policy), version=self.policy_version)
+        return {} if pause is None else {"weight_sync/pause_s": float(pause)}
 
     async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
         from ..training.checkpoint import save_checkpoint

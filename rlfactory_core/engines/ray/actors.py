@@ -282,8 +282,8 @@ class RolloutWorker:
         self.finished += 1
         return trajectories, scored, times
 
-    async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> None:
-        await self.generation.backend.update_weights(weights, version)
+    async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> float | None:
+        return await self.generation.backend.update_weights(weights, version)
 
     async def close(self) -> None:
         generation = getattr(self, "generation", None)

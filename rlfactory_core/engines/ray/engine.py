@@ -363,9 +363,13 @@ class RayEngine:
         self.weights, self.synced_version = weights, self.policy_version
         size = await size_ref
 
+        pauses: list[float] = []
+
         async def push(index: int, worker: Any) -> None:
             try:
-                await worker.update_weights.remote(weights, self.synced_version)
+                pause = await worker.update_weights.remote(weights, self.synced_version)
+                if pause is not None:
+                    pauses.append(float(pause))
             except ray.exceptions.RayActorError as exc:
                 # lost since its rollout: the replacement starts from these weights (self.weights)
                 self._spend_restart(index, exc)
@@ -377,8 +381,11 @@ class RayEngine:
         await asyncio.gather(*(push(i, w) for i, w in enumerate(self.rollout_workers)))
         total = time.perf_counter() - t
         mb = size / 2**20
-        return {"weight_sync/mb": mb, "weight_sync/gather_s": gathered,
-                "weight_sync/ms_per_mb": 1000 * total / max(mb, 1e-9)}
+        metrics = {"weight_sync/mb": mb, "weight_sync/gather_s": gathered,
+                   "weight_sync/ms_per_mb": 1000 * total / max(mb, 1e-9)}
+        if pauses:  # the longest any worker's generation was held (a replaced worker's start is not a pause)
+            metrics["weight_sync/pause_s"] = max(pauses)
+        return metrics
 
     async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
         state = {**state, "policy_version": self.policy_version}

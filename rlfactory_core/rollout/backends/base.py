@@ -123,11 +123,13 @@ class Backend(Protocol):
     """The version of the weights new requests are sampled by (settable before serving: a
     resumed run's backend starts from its checkpoint's version)."""
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]],
+                             version: int | None = None) -> float | None:
         """Load new weights (``(name, tensor)`` pairs named as in the HF checkpoint) without
         restarting; they are ``version`` (default: ``weight_version + 1``). Requests the
         backend is working on finish first, on the old version (see the module docstring);
-        later ones use the new weights."""
+        later ones use the new weights. Returns the pause it caused: the seconds during which
+        no new request could start (None: not measured)."""
 
     async def close(self) -> None:
         """Stop the backend and free its memory. Idempotent."""

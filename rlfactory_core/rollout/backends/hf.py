@@ -86,6 +86,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -243,19 +244,22 @@ class HFBackend:
         with self._cond:
             self._weight_version = int(version)
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> float:
         """Copy ``(name, tensor)`` pairs (HF checkpoint names) into the model, between
         requests: admission stops, active rows finish, the copy happens, admission resumes
         on weight version ``version`` (default: one past the current one). Names and shapes
-        are checked first; on any problem nothing is changed."""
+        are checked first; on any problem nothing is changed. Returns the seconds admission
+        was stopped (the running rows kept decoding for part of them)."""
         targets = self._check_weights(named_tensors)
         loop = asyncio.get_running_loop()
         update = _WeightUpdate(targets=targets, future=loop.create_future(), loop=loop, version=version)
         with self._cond:
             self._ensure_open()
             self._updates.append(update)
+            held = time.perf_counter()
             self._cond.notify()
         await update.future
+        return time.perf_counter() - held
 
     async def close(self) -> None:
         """Stop the worker; queued and running requests return ``finish_reason="abort"``.

@@ -91,6 +91,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -212,21 +213,23 @@ class VLLMBackend:
             return Generation(token_ids=[], logprobs=[], finish_reason="abort", metadata={"request_id": request_id})
         return _generation(final, request_id, version)
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> None:
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int | None = None) -> float:
         """Load ``(name, tensor)`` pairs (HF checkpoint names, complete tensors) into the
         running engine: in-flight requests finish first, later ones use the new weights
         (weight version ``version``, default one past the current), and the prefix cache
-        is reset."""
+        is reset. Returns the seconds the engine was paused (its in-flight requests drained,
+        then the load): the shards are written before, while generation goes on."""
         engine = await self._started_engine()
         tensors = list(named_tensors)
         if not tensors:
-            return
+            return 0.0
         if self._vision is not None:
             tensors = [(renamed(name, VISION_TOWER_RENAMES), tensor) for name, tensor in tensors]
         assert self._update_lock is not None
         async with self._update_lock:
             try:
-                await self._load_weights(engine, tensors, self.weight_version + 1 if version is None else version)
+                return await self._load_weights(engine, tensors,
+                                                self.weight_version + 1 if version is None else version)
             except RLFactoryError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one line for the user, details in the log
@@ -426,19 +429,22 @@ class VLLMBackend:
         args.update(self._engine_kwargs)
         return args
 
-    async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]], version: int) -> None:
+    async def _load_weights(self, engine: Any, tensors: list[tuple[str, Any]], version: int) -> float:
         with staging_directory(tensors) as staging:
             # Written before pausing: requests keep running on the old weights meanwhile.
             paths = await asyncio.to_thread(write_shards, tensors, staging)
-            await self._load_files(engine, [str(p) for p in paths], version=version)
+            return await self._load_files(engine, [str(p) for p in paths], version=version)
 
     async def _load_files(self, engine: Any, paths: list[str], renames: Sequence[Sequence[str]] = (),
-                          version: int | None = None) -> None:
+                          version: int | None = None) -> float:
+        """Load weight files with generation paused; the seconds it was paused."""
+        paused = time.perf_counter()
         # clear_cache also clears the encoder cache of images: reloading weights without
         # it left the scheduler believing an image's features were still cached.
         await engine.pause_generation(mode="wait", clear_cache=True)
-        # the requests that finished before the pause have their outputs queued, and their
-        # tasks are ready to read them: let them, so that they take the old version
+        # the requests that finished before the pause have their outputs queued and their
+        # tasks ready: they read them (and the old version) before the version is raised
+        # below, after collective_rpc's many awaits; this lets them go first even so
         await asyncio.sleep(0)
         try:
             await engine.collective_rpc("rlfactory_load_weights", args=(paths, [list(r) for r in renames]))
@@ -449,6 +455,7 @@ class VLLMBackend:
                                  hint="KV blocks of the old weights could be reused; " + _DEBUG_HINT)
         finally:
             await engine.resume_generation()
+        return time.perf_counter() - paused
 
     def _request_error(self, exc: Exception, prompt_len: int) -> RLFactoryError:
         if type(exc).__name__ == "EngineDeadError":
