@@ -201,8 +201,7 @@ def _sequence(trajectory: Any, pieces: _PieceCache, token_advantages: list[float
         turn.extend([max(model_turn, 0)] * n)
         mask.extend([part.loss_mask] * n)
         sampler.extend(part.logprobs if model and part.logprobs is not None else [None] * n)
-        version = getattr(part, "policy_version", None)
-        versions.extend([version if model and version is not None else -1] * n)
+        versions.extend([part.policy_version if model and part.policy_version is not None else -1] * n)
 
     def on_model_tokens(values: list[float] | None) -> list[float | None]:
         if values is None:

@@ -134,13 +134,14 @@ class Recorder:
 
 
 def _parameter_names(model_dir: Path) -> list[str]:
-    """The names AdamW's state is indexed by (``model.parameters()`` order, tied weights once)."""
+    """The names AdamW's state is indexed by (the trainer's own list, on a weightless copy)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from rlfactory_core.training.fsdp import trainable_names
+
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
-    return [name for name, _ in model.named_parameters()]
+        return trainable_names(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)))
 
 
 def _load_weights(directory: Path) -> dict:
