@@ -110,7 +110,7 @@ async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
     t = time.perf_counter()
     config, trajectories, scored = run.config, rollout.assembled.trajectories, rollout.assembled.scored
     batch = build_batch(trajectories, scored.totals, config, run.pad_id, run.processor,
-                        reward_turn_rewards=scored.turn_rewards)
+                        reward_turn_rewards=scored.turn_rewards, policy_version=run.engine.policy_version)
     # the first groups are recorded token by token; the update leaves their logprobs before it
     # in the batch (rlfactory_core.records)
     marks = [t.group < config.logging.record_train_groups for t in trajectories]

@@ -7,6 +7,7 @@ import torch
 
 from rlfactory_core.training.grpo import (
     aggregate,
+    decoupled_policy_loss,
     entropy_from_logits,
     group_advantages,
     kl_penalty,
@@ -164,3 +165,42 @@ def test_entropy_from_logits():
 def test_masked_mean_of_nothing_is_zero():
     assert close(masked_mean(torch.tensor([1.0, 2.0]), torch.tensor([0, 0])), 0.0)
     assert close(masked_mean(torch.tensor([1.0, 3.0]), torch.tensor([1, 1])), 2.0)
+
+
+def test_decoupled_policy_loss_by_hand():
+    # token 1: proximal 0, behaviour -1 (stale sampler found it less likely): weight e^1 = 2.718 -> cap 2;
+    #          ratio to the proximal e^0.1 = 1.1052 inside the clip, A = 1: loss -1.1052 * 2
+    # token 2: proximal -1, behaviour 0: weight e^-1 = 0.3679; ratio e^(0.5 - -1) = 4.48 clipped at 1.28,
+    #          A = 1: loss -1.28 * 0.3679 (the clip is centred on the proximal policy, not the sampler)
+    # token 3: masked
+    logp = torch.tensor([[0.1, 0.5, 9.0]])
+    proximal = torch.tensor([[0.0, -1.0, 0.0]])
+    behaviour = torch.tensor([[-1.0, 0.0, 0.0]])
+    adv = torch.ones(1, 3)
+    mask = torch.tensor([[1, 1, 0]])
+    loss, stats = decoupled_policy_loss(logp, proximal, behaviour, adv, mask, clip_low=0.2, clip_high=0.28, cap=2.0)
+    assert close(loss[0, :2], [-math.exp(0.1) * 2.0, -1.28 * math.exp(-1)], 1e-4)
+    assert close(stats["is_weight_mean"], (2.0 + math.exp(-1)) / 2, 1e-4)
+    assert close(stats["clip_fraction"], 0.5)
+
+
+def test_decoupled_policy_loss_without_cap_is_the_clipped_loss_on_the_proximal_policy():
+    logp = torch.tensor([[0.5, -0.5, -0.5, 0.0]])
+    proximal = torch.zeros_like(logp)
+    behaviour = torch.full_like(logp, -3.0)  # ignored without a cap
+    adv = torch.tensor([[1.0, 1.0, -1.0, 2.0]])
+    mask = torch.ones(1, 4)
+    loss, stats = decoupled_policy_loss(logp, proximal, behaviour, adv, mask, cap=None)
+    expected, _ = policy_loss(logp, proximal, adv, mask)
+    assert torch.equal(loss, expected) and "is_weight_mean" not in stats
+
+
+def test_decoupled_gradient_flows_through_the_ratio_only():
+    logp = torch.tensor([[0.0]], requires_grad=True)
+    proximal = torch.tensor([[0.0]], requires_grad=True)
+    behaviour = torch.tensor([[-0.5]], requires_grad=True)
+    loss, _ = decoupled_policy_loss(logp, proximal, behaviour, torch.ones(1, 1), torch.ones(1, 1), cap=5.0)
+    loss.sum().backward()
+    # d/dlogp of -exp(logp - prox) * w = -w at ratio 1, w = e^0.5; the weight carries no gradient
+    assert close(logp.grad, [[-math.exp(0.5)]], 1e-5)
+    assert behaviour.grad is None

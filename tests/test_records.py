@@ -148,3 +148,38 @@ def test_damaged_files_are_an_error_for_that_file_only(tmp_path):
         with pytest.raises(RecordError, match=message):
             run.list("eval", step)
     assert RunRecords(tmp_path / "missing").kinds() == []
+
+
+def test_each_sampled_token_has_its_staleness_and_the_sampler_gap_is_split_by_it(default_model_dir):
+    """The batch carries each model token's age in versions (its segment's policy_version
+    against the trainer's); the update measures the sampler gap apart for fresh and stale
+    tokens, so an asynchronous schedule's drift does not read as a numerics mismatch."""
+    from rlfactory_core.models import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_dir)
+    trajectories = [_trajectory(g, tokenizer) for g in (0, 0, 1, 1)]
+    config = load_config([], ["grpo.group_size=2", "train.bf16=false"])
+    batch = build_batch(trajectories, [1.0, 0.0, 0.5, 0.5], config, pad_id=0, policy_version=3)
+    mask = batch["loss_mask"].bool()
+    first = len(trajectories[0].segments[0].token_ids)
+    start = len(trajectories[0].prompt_ids)
+    staleness = batch["staleness"][0]
+    assert staleness[start:start + first].tolist() == [1] * first  # sampled by version 2, trained at 3
+    assert not staleness[~mask[0]].any() and not staleness[start + first:].any()  # the second turn: fresh
+    assert "staleness" not in build_batch(trajectories, [1.0, 0.0, 0.5, 0.5], config, pad_id=0).keys()
+
+    model = tiny_model()
+    batch = _batch_for(model, config)
+    batch["staleness"] = torch.zeros_like(batch["loss_mask"])
+    fresh = update_policy(model, None, torch.optim.SGD(model.parameters(), lr=0.0), batch, config)
+    assert fresh["train/stale_token_fraction"] == 0 and "train/stale_sampler_kl" not in fresh
+    batch["staleness"][:2] = batch["loss_mask"][:2]  # the first two rows sampled one version ago
+    split = update_policy(model, None, torch.optim.SGD(model.parameters(), lr=0.0), batch, config)
+    rows = batch["loss_mask"].sum(-1).float()
+    assert abs(split["train/stale_token_fraction"] - float(rows[:2].sum() / rows.sum())) < 1e-6
+    assert split["train/stale_sampler_kl"] >= 0 and split["train/sampler_kl"] >= 0
+    # the fresh and stale parts weigh in by their tokens: together they are the whole
+    share = split["train/stale_token_fraction"]
+    for gap in ("kl", "logprob_diff"):
+        whole = (1 - share) * split[f"train/sampler_{gap}"] + share * split[f"train/stale_sampler_{gap}"]
+        assert abs(whole - fresh[f"train/sampler_{gap}"]) < 1e-5

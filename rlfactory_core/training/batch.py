@@ -2,7 +2,8 @@
 
 The batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per trajectory,
 right-padded): ``input_ids``, ``attention_mask``, ``loss_mask``, ``sampler_logprobs`` and
-``advantages`` ([B, L]), ``lengths``, ``prompt_lengths`` and ``sequence_advantages`` ([B]); with images, their
+``advantages`` ([B, L]), with the trainer's version ``staleness`` ([B, L], each sampled
+token's age in versions), ``lengths``, ``prompt_lengths`` and ``sequence_advantages`` ([B]); with images, their
 model inputs (``image_inputs``, ``image_counts``); ``recorded`` ([B], the rows the run records
 token by token, when it records any). The update adds ``old_logprobs`` and ``ref_logprobs``,
 and for recorded rows ``trainer_logprobs``. Micro-batches are row selections of it (trajectories of similar length,
@@ -20,13 +21,16 @@ from ..errors import ModelError
 __all__ = ["to_tensordict", "build_batch", "turn_reward_tensor", "rows_of", "micro_batches", "micro_image_inputs"]
 
 
-def _rows(trajectory: Any) -> tuple[list[int], list[int], list[float]]:
+def _rows(trajectory: Any) -> tuple[list[int], list[int], list[float], list[int]]:
     ids = list(trajectory.prompt_ids)
     mask = [0] * len(ids)
     logprobs = [0.0] * len(ids)
+    versions = [-1] * len(ids)
     for segment in trajectory.segments:
         ids.extend(segment.token_ids)
         mask.extend([segment.loss_mask] * len(segment.token_ids))
+        version = segment.policy_version if segment.kind == "model" and segment.policy_version is not None else -1
+        versions.extend([version] * len(segment.token_ids))
         if segment.kind == "model":
             if segment.logprobs is None or len(segment.logprobs) != len(segment.token_ids):
                 raise ValueError(f"trajectory {trajectory.sample_id}: a model segment has "
@@ -35,37 +39,41 @@ def _rows(trajectory: Any) -> tuple[list[int], list[int], list[float]]:
             logprobs.extend(segment.logprobs)
         else:
             logprobs.extend([0.0] * len(segment.token_ids))
-    return ids, mask, logprobs
+    return ids, mask, logprobs, versions
 
 
 def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
     """The trajectories as ``[B, L]`` tensors, right-padded to the longest: ``input_ids``
     (prompt, then every model and observation segment, in order), ``attention_mask`` (1 on
     real tokens), ``loss_mask`` (1 on tokens the model sampled), ``logprobs`` (the sampler's,
-    where ``loss_mask`` is 1, else 0); and ``lengths`` and ``prompt_lengths`` (``[B]``). A model segment without a
-    logprob for each of its tokens is refused."""
+    where ``loss_mask`` is 1, else 0), ``versions`` (the policy version that sampled each model
+    token, -1 elsewhere or where the backend does not say); and ``lengths`` and
+    ``prompt_lengths`` (``[B]``). A model segment without a logprob for each of its tokens is
+    refused."""
     import torch
     from tensordict import TensorDict
 
     if not trajectories:
         raise ValueError("no trajectories to convert")
     rows = [_rows(t) for t in trajectories]
-    lengths = torch.tensor([len(ids) for ids, _, _ in rows], dtype=torch.int64)
+    lengths = torch.tensor([len(ids) for ids, _, _, _ in rows], dtype=torch.int64)
     prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories], dtype=torch.int64)
     batch, width = len(rows), int(lengths.max())
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.int64)
     attention_mask = torch.zeros((batch, width), dtype=torch.int64)
     loss_mask = torch.zeros((batch, width), dtype=torch.int64)
     logprobs = torch.zeros((batch, width), dtype=torch.float32)
-    for row, (ids, mask, lps) in enumerate(rows):
+    versions = torch.full((batch, width), -1, dtype=torch.int64)
+    for row, (ids, mask, lps, vs) in enumerate(rows):
         n = len(ids)
         input_ids[row, :n] = torch.tensor(ids, dtype=torch.int64)
         attention_mask[row, :n] = 1
         loss_mask[row, :n] = torch.tensor(mask, dtype=torch.int64)
         logprobs[row, :n] = torch.tensor(lps, dtype=torch.float32)
+        versions[row, :n] = torch.tensor(vs, dtype=torch.int64)
     return TensorDict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
-                       "logprobs": logprobs, "lengths": lengths, "prompt_lengths": prompt_lengths},
-                      batch_size=[batch])
+                       "logprobs": logprobs, "versions": versions, "lengths": lengths,
+                       "prompt_lengths": prompt_lengths}, batch_size=[batch])
 
 
 def turn_reward_tensor(trajectories: Sequence[Any], width: int,
@@ -93,12 +101,15 @@ def turn_reward_tensor(trajectories: Sequence[Any], width: int,
 
 
 def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int,
-                processor: Any = None, *, reward_turn_rewards: Sequence[Sequence[float]] | None = None) -> Any:
+                processor: Any = None, *, reward_turn_rewards: Sequence[Sequence[float]] | None = None,
+                policy_version: int | None = None) -> Any:
     """The rollout batch as a TensorDict (see above), with per-token advantages computed
     within each trajectory's ``group``; with images (a vision-language model's
     ``processor``), their model inputs too. With ``grpo.overlong_filter`` the rows of
     cut-off trajectories get an empty loss mask. ``reward_turn_rewards``: the rewards' per-turn
-    rewards of each row, added to the env's."""
+    rewards of each row, added to the env's. ``policy_version``: the trainer's version the
+    update starts from; each sampled token's ``staleness`` is how many versions older the
+    weights that sampled it were (0 where the backend did not say)."""
     import torch
 
     from .grpo import group_advantages, token_advantages
@@ -116,6 +127,9 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     if config.grpo.turn_rewards and has_turn_rewards:
         turn_rewards = turn_reward_tensor(trajectories, td["input_ids"].shape[1], reward_turn_rewards)
     td["sampler_logprobs"] = td.pop("logprobs")
+    versions = td.pop("versions")
+    if policy_version is not None:
+        td["staleness"] = torch.where(versions >= 0, (policy_version - versions).clamp(min=0), 0) * td["loss_mask"]
     if config.grpo.overlong_filter:  # cut-off trajectories carry no loss (training.overlong)
         from .overlong import cut_off
 

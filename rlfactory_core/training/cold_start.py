@@ -249,7 +249,7 @@ def example_batch(trajectories: Sequence[Any], pad_token_id: int) -> Any:
     """The examples as a TensorDict (``input_ids``, ``attention_mask``, ``loss_mask``: 1 on
     the assistant's tokens only, ``lengths``; ``[B, L]`` / ``[B]``)."""
     td = to_tensordict(trajectories, pad_token_id=pad_token_id)
-    del td["logprobs"]  # the sampler's: a warm-up has no use for them
+    del td["logprobs"], td["versions"]  # the sampler's: a warm-up has no use for them
     return td
 
 

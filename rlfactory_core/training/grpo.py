@@ -22,6 +22,16 @@ The choices, each a config key of ``grpo``:
   token is weighted by a truncated importance weight ``min(pi_old / pi_sampler, cap)``
   (:func:`truncated_importance_weights`), which corrects for the inference engine sampling
   from slightly different probabilities than the trainer computes.
+* **Off-policy tokens** (:func:`decoupled_policy_loss`, the decoupled objective of AReaL /
+  "Batch size-invariance for policy optimization"): a token sampled by older weights (an
+  asynchronous schedule, :mod:`rlfactory_core.loops`) has three policies: the *behaviour*
+  policy that sampled it (the sampler's logprobs), the *proximal* policy the clip is centred
+  on (the weights at the update's start: the old logprobs) and the policy being trained.
+  ``loss_t = -min(r_t A_t, clip(r_t) A_t) * min(pi_prox / pi_behav, cap)`` with ``r_t =
+  pi / pi_prox``: the clip bounds each update's step from where the weights are, whatever
+  the sampler's age, and the truncated importance weight corrects for the age (and the
+  sampler's numerics) with bounded variance. Synchronous training is the special case
+  ``pi_behav = pi_prox`` up to numerics, so one formula serves every schedule.
 * **KL** (:func:`kl_penalty`): to a frozen reference model, estimator k1 (``log p - log
   ref``) or k3 (``exp(ref - p) - (ref - p) - 1``, unbiased and non-negative).
 * **Aggregation** (:func:`aggregate`): ``token_mean`` (every token weighs the same: long
@@ -41,7 +51,7 @@ import torch
 
 __all__ = [
     "group_advantages", "token_advantages", "policy_loss", "kl_penalty", "aggregate",
-    "truncated_importance_weights", "entropy_from_logits", "masked_mean", "AdvantageNorm", "LossAgg",
+    "truncated_importance_weights", "decoupled_policy_loss", "entropy_from_logits", "masked_mean", "AdvantageNorm", "LossAgg",
 ]
 
 AdvantageNorm = Literal["group", "batch", "none"]
@@ -161,6 +171,23 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
             "ratio_mean": masked_mean(ratio, maskf),
             "ratio_max": (ratio * maskf).max() if maskf.any() else ratio.new_ones(()),
         }
+    return per_token, stats
+
+
+def decoupled_policy_loss(logprobs: torch.Tensor, proximal_logprobs: torch.Tensor,
+                          behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                          clip_low: float = 0.2, clip_high: float = 0.28,
+                          cap: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The decoupled objective (see the module docstring): :func:`policy_loss` against the
+    ``proximal`` policy, each token weighted by ``min(pi_prox / pi_behav, cap)``
+    (:func:`truncated_importance_weights`); ``cap=None`` leaves the weights out (the
+    behaviour policy is then taken to be the proximal one). Its statistics are
+    :func:`policy_loss`'s, with ``is_weight_mean`` (over the masked tokens) when weighted."""
+    weights = truncated_importance_weights(proximal_logprobs, behaviour_logprobs, cap) if cap else None
+    per_token, stats = policy_loss(logprobs, proximal_logprobs, advantages, mask, clip_low=clip_low,
+                                   clip_high=clip_high, weights=weights)
+    if weights is not None:
+        stats["is_weight_mean"] = masked_mean(weights, mask)
     return per_token, stats
 
 

@@ -127,7 +127,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     update (zeros in other rows)."""
     import torch
 
-    from .grpo import aggregate, kl_penalty, masked_mean, policy_loss, truncated_importance_weights
+    from .grpo import aggregate, decoupled_policy_loss, kl_penalty, masked_mean
 
     g = config.grpo
     rows = list(range(batch.batch_size[0]))
@@ -184,9 +184,8 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
                         if recorded[row]:
                             kept[row, :old.shape[1]] = old[i].float().cpu()
                 sampler = micro["sampler_logprobs"]
-                weights = truncated_importance_weights(old, sampler, g.tis_cap) if g.tis_cap else None
-                per_token, stats = policy_loss(logprobs, old, micro["advantages"], mask, clip_low=g.clip_low,
-                                               clip_high=g.clip_high, weights=weights)
+                per_token, stats = decoupled_policy_loss(logprobs, old, sampler, micro["advantages"], mask,
+                                                         clip_low=g.clip_low, clip_high=g.clip_high, cap=g.tis_cap)
                 if g.kl_coef > 0:
                     kl = kl_penalty(logprobs, micro["ref_logprobs"], g.kl_estimator)
                     per_token = per_token + g.kl_coef * kl
@@ -205,11 +204,9 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
                 record("train/clip_fraction", stats["clip_fraction"], tokens)
                 record("train/ratio_mean", stats["ratio_mean"], tokens)
                 sums["train/ratio_max"] = max(sums["train/ratio_max"], float(stats["ratio_max"]))
-                diff = (old - sampler).abs()
-                record("train/sampler_logprob_diff", masked_mean(diff, mask), tokens)
-                record("train/sampler_kl", masked_mean(torch.exp(sampler - old) - (sampler - old) - 1, mask), tokens)
-                if weights is not None:
-                    record("train/tis_weight_mean", masked_mean(weights, mask), tokens)
+                _record_sampler_gap(record, old, sampler, mask, micro.get("staleness", None))
+                if "is_weight_mean" in stats:
+                    record("train/tis_weight_mean", stats["is_weight_mean"], tokens)
                 sums["train/trained_tokens"] += tokens
             grad_norm = torch.nn.utils.clip_grad_norm_(params, config.train.max_grad_norm or float("inf"))
             if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2: the norm over all shards
@@ -234,3 +231,23 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
         out["train/optimizer_steps"] = round(out["train/optimizer_steps"])
     out.setdefault("train/kl", 0.0)
     return out
+
+
+def _record_sampler_gap(record: Any, old: Any, sampler: Any, mask: Any, staleness: Any) -> None:
+    """``train/sampler_logprob_diff`` and ``train/sampler_kl`` (the k3 estimate of KL(sampler ||
+    trainer)) over the tokens the current weights sampled: the train/inference numerics gap;
+    ``train/stale_sampler_*`` over the tokens older weights sampled (an asynchronous schedule),
+    where the policy's drift adds to it; ``train/stale_token_fraction``."""
+    import torch
+
+    from .grpo import masked_mean
+
+    log_ratio = sampler - old
+    gaps = {"logprob_diff": log_ratio.abs(), "kl": torch.exp(log_ratio) - log_ratio - 1}
+    stale = staleness > 0 if staleness is not None else torch.zeros_like(mask, dtype=torch.bool)
+    for prefix, part in (("train/sampler_", mask * ~stale), ("train/stale_sampler_", mask * stale)):
+        tokens = float(part.sum())
+        if tokens:
+            for name, gap in gaps.items():
+                record(prefix + name, masked_mean(gap, part), tokens)
+    record("train/stale_token_fraction", masked_mean(stale.float(), mask), float(mask.sum()))
