@@ -36,7 +36,7 @@ from .errors import ConfigError, RLFactoryError, UnknownComponentError
 from .interfaces import accepts, member
 from .task import env_option_problems, option_problems, parameters_of
 
-__all__ = ["preflight", "checked_config", "run_problems", "raise_problems",
+__all__ = ["preflight", "checked_config", "run_problems", "raise_problems", "schedule_problems",
            "model_problem", "resolve_eval_model"]
 
 Purpose = Literal["train", "eval"]
@@ -161,6 +161,7 @@ def run_problems(
                         f"method); use cold_start.source=rejection (or auto)")
 
     if purpose == "train":
+        problems += schedule_problems(values)
         problems += _package_problems(values)
         model_section = values.get("model")
         name = model_section.get("name") if isinstance(model_section, Mapping) else None
@@ -180,6 +181,26 @@ def run_problems(
             problem = _unwritable(Path(report_dir))
             if problem:
                 problems.append(f"--report: cannot write the report in {report_dir}: {problem}")
+    return problems
+
+
+def schedule_problems(values: Mapping[str, Any]) -> list[str]:
+    """What the schedule (``train.mode``) cannot do with the rest of the config, every
+    problem at once (``values``: the config's, validated or raw)."""
+    section = lambda name: values.get(name) if isinstance(values.get(name), Mapping) else {}  # noqa: E731
+    train, ray_section = section("train"), section("ray")
+    mode = train.get("mode", "sync")
+    if mode == "sync" or not isinstance(mode, str):
+        return []
+    problems = []
+    if train.get("max_staleness") == 0:
+        problems.append(f"train.max_staleness: 0 allows no token older than the trainer's weights, but "
+                        f"train.mode={mode} trains step k while step k+1 rolls out (its tokens are up to one "
+                        f"version old); set train.max_staleness=1 or train.mode=sync")
+    if values.get("engine") == "ray" and ray_section.get("placement", "colocated") == "colocated":
+        problems.append(f"ray.placement: colocated trainer and rollout workers take turns, so train.mode={mode} "
+                        f"could not overlap them; set ray.placement=separate (each role its own resources) or "
+                        f"train.mode=sync")
     return problems
 
 

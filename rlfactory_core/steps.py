@@ -77,12 +77,16 @@ async def before_training(run: Run) -> None:
     run.logger.log(0, metrics)
 
 
-async def rollout_phase(run: Run, step: int) -> StepRollout:
-    """Step ``step``'s batch: ``prompts_per_step`` prompts from the run's data position, rolled
-    out and scored; with ``grpo.dynamic_sampling``, the next prompts too, up to
-    ``grpo.max_extra_rollouts`` more rollouts, until enough groups are informative."""
+async def rollout_phase(run: Run, step: int, position: int | None = None) -> StepRollout:
+    """Step ``step``'s batch: ``prompts_per_step`` prompts from the data ``position`` (default:
+    the run's, every prompt of the trained steps; a schedule that rolls out ahead passes the
+    position after the rollouts it has not trained yet), rolled out and scored; with
+    ``grpo.dynamic_sampling``, the next prompts too, up to ``grpo.max_extra_rollouts`` more
+    rollouts, until enough groups are informative."""
     config, g = run.config, run.config.grpo
-    run.view.phase("rollout")
+    if position is None:
+        position = run.position
+        run.view.phase("rollout")  # a rollout ahead runs behind the phase in progress
     assembler = BatchAssembler(g.prompts_per_step, group_filters(config))
     samples: list[Any] = []
     times: dict[str, float] = {}
@@ -90,7 +94,7 @@ async def rollout_phase(run: Run, step: int) -> StepRollout:
         if not assembler.needed:
             break
         count = g.prompts_per_step if attempt == 0 else assembler.needed
-        indices = batch_indices(len(run.train_samples), count, config.train.seed, run.position + len(samples),
+        indices = batch_indices(len(run.train_samples), count, config.train.seed, position + len(samples),
                                 shuffle=config.data.shuffle)
         batch_samples = [run.train_samples[i] for i in indices]
         result = await run.engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),

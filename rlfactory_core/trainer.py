@@ -6,8 +6,9 @@
 3. :func:`rlfactory_core.run.opened` opens the run in its directory (announced, logged, its
    status kept, the engine started, stop requests answered, closed however it ends);
 4. :func:`rlfactory_core.steps.before_training` evaluates the base model and runs the cold
-   start; the schedule (:mod:`rlfactory_core.loops`, ``sync``) runs the steps to
-   ``train.steps``: each a rollout, an update, a weight sync, then metrics, eval and checkpoint.
+   start; the schedule (:mod:`rlfactory_core.loops`, ``train.mode``) runs the steps to
+   ``train.steps``: each a rollout, an update, a weight sync, then metrics, eval and checkpoint
+   (``sync``: one after the other; ``one_step_off``: the next step's rollout during the update).
 
 What a step does and why (the algorithm, its options, batching, stopping and resuming) is in
 ``docs/training.md``; the phases in :mod:`rlfactory_core.steps`, the formulas in
@@ -22,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
-from .loops import sync
+from .loops import one_step_off, sync
 from .preflight import raise_problems, run_problems
 from .run import TrainingInterrupted, opened, prepare
 from .steps import before_training
 
 __all__ = ["train", "TrainingInterrupted"]
+
+#: ``train.mode`` -> its schedule (:mod:`rlfactory_core.loops`).
+SCHEDULES = {"sync": sync.run_steps, "one_step_off": one_step_off.run_steps}
 
 
 def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, console: Any = None) -> Path:
@@ -44,5 +48,5 @@ async def _train(config: RunConfig, *, resume: Path | None, console: Any) -> Pat
     prepared = await prepare(config, resume=resume)
     async with opened(prepared, console) as run:
         await before_training(run)
-        await sync.run_steps(run)
+        await SCHEDULES[config.train.mode](run)
     return run.run_dir

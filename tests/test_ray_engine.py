@@ -28,6 +28,7 @@ from rlfactory_core.engines.local import LocalEngine  # noqa: E402
 from rlfactory_core.training.batch import build_batch, micro_batches  # noqa: E402
 from rlfactory_core.training.checkpoint import latest_checkpoint  # noqa: E402
 from rlfactory_core.config import load_config  # noqa: E402
+from rlfactory_core.data import batch_indices  # noqa: E402
 from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402
 from rlfactory_core.records import RunRecords  # noqa: E402
@@ -355,26 +356,36 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
 
 def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ray_cluster, tiny_model_dir, tmp_path,
                                                                              capsys):
-    """A step of the ray engine with ``ray.placement=separate`` (2 trainer ranks and the
-    rollout worker in placement groups of their own), resumed from a local checkpoint."""
+    """Steps of the ray engine with ``ray.placement=separate`` (2 trainer ranks and the
+    rollout worker in placement groups of their own), resumed from a local checkpoint, in
+    ``train.mode=one_step_off``: step 3 rolls out on the worker while step 2 trains on the ranks."""
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model_dir, "engine=local", "train.steps=1", "data.eval_size=2", "eval.every=0",
                          f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3",
-                         "ray.placement=separate")
+                         "ray.placement=separate", "logging.record_train_groups=4")
     train(config)
     on_ray = config.model_copy(update={"engine": "ray"})
-    on_ray.train.steps = 2
+    on_ray.train.steps, on_ray.train.mode = 3, "one_step_off"
     train(on_ray, resume=run_dir)
     assert "2 trainer rank(s), 1 rollout worker(s), placement separate" in capsys.readouterr().out
-    assert latest_checkpoint(run_dir).name == "step-000002"
+    assert latest_checkpoint(run_dir).name == "step-000003"
     resumed = [m for m in read_metrics(run_dir) if m.get("train/optimizer_steps")]
-    assert [m["step"] for m in resumed] == [1, 2] and "weight_sync/mb" in resumed[-1]
+    assert [m["step"] for m in resumed] == [1, 2, 3] and "weight_sync/mb" in resumed[-1]
     assert resumed[-1]["train/trained_tokens"] > 0
-    # the rollout worker started from the checkpoint's weights (version 1) and took the next push's
+    # every prompt once, in the synchronous order
+    from rlfactory_arithmetic import ArithmeticEnv
+
+    ids = [s["id"] for s in ArithmeticEnv().dataset(split="train")]
+    assert [s for m in resumed for s in m["samples"]] == [ids[i] for i in batch_indices(len(ids), 12, seed=0,
+                                                                                           position=0)]
+    # the rollout worker started from the checkpoint's weights (version 1) and took the next push's;
+    # step 3 rolled out during step 2's update: its tokens one version old at most
     recorded = RunRecords(run_dir)
     assert {r["policy_version"] for r in recorded.list("train", 2)} == {1}
-    assert {r["policy_version"] for r in recorded.list("eval", 2)} == {2}
-    assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 2
+    assert {r["policy_version"] for r in recorded.list("train", 3)} <= {1, 2}
+    assert resumed[-1]["train/stale_token_fraction"] >= 0
+    assert {r["policy_version"] for r in recorded.list("eval", 3)} == {3}
+    assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 3
 
 
 JOIN = """

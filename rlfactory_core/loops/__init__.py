@@ -1,7 +1,10 @@
 """The schedules of a run's steps. Each is one module with one ``run_steps(run)``, a loop over
 the phases of :mod:`rlfactory_core.steps` on an open :class:`~rlfactory_core.run.Run`:
 
-* :mod:`.sync` (the only one so far): each step's rollout, update and weight sync in turn.
+* :mod:`.sync` (``train.mode=sync``, the default): each step's rollout, update and weight
+  sync in turn; every trained token sampled by the weights being trained.
+* :mod:`.one_step_off`: step ``k + 1``'s rollout runs while step ``k`` trains and syncs;
+  tokens at most one policy version old.
 """
 
 from __future__ import annotations
