@@ -227,6 +227,17 @@ def test_checks_across_settings_name_their_first_key():
     assert result["errors"][0]["message"].startswith("grpo.mini_batches (5) is more than")
 
 
+def test_the_form_offers_the_schedule_and_says_what_it_cannot_do():
+    field = new_run.form_schema()["fields"]["train.mode"]
+    assert field["group"] == "main" and field["default"] == "sync"
+    assert "one_step_off" in str(field)  # a choice of the select
+    result = new_run.validate({"train.mode": "one_step_off", "train.max_staleness": "0", "engine": "ray"})
+    keys = {error["key"]: error["message"] for error in result["errors"]}
+    assert keys["train.max_staleness"].startswith("0 allows no token older")
+    assert keys["ray.placement"].startswith("colocated trainer and rollout workers take turns")
+    assert new_run.validate({"train.mode": "one_step_off"})["ok"]
+
+
 def test_text_settings_keep_text_and_other_settings_read_it_as_yaml():
     result = new_run.validate({"data.eval_split": "123", "data.eval_size": "", "data.train_size": "100",
                                "eval.rewards": "[{name: exact_match}]", "train.bf16": "false",

@@ -44,7 +44,7 @@ __all__ = ["MAIN_SETTINGS", "form_schema", "choices", "validate", "mcp_tools", "
 MAIN_SETTINGS: tuple[str, ...] = (
     "env", "preset", "model.name", "parser", "tool_manager.name", "rewards", "env_options",
     "rollout.max_turns", "rollout.max_tokens_per_turn", "grpo.group_size", "grpo.prompts_per_step",
-    "train.steps", "train.lr", "train.seed", "eval.every", "data.train_size", "backend", "run_dir",
+    "train.steps", "train.lr", "train.seed", "train.mode", "eval.every", "data.train_size", "backend", "run_dir",
 )
 
 #: Settings whose value is the name of an installed component: the list to pick it from in
