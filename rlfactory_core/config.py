@@ -172,9 +172,10 @@ class TrainSection(_Section):
     seed: int = _field(0, "seed of data order, sampling and initialisation")
     device: str = _field("auto", "training device: auto (cuda when available), cpu, cuda, cuda:1 ...")
     threads: int | None = _field(None, "torch CPU threads for training (default: torch's)", ge=1)
-    mode: Literal["sync", "one_step_off"] = _field(
+    mode: Literal["sync", "one_step_off", "async"] = _field(
         "sync", "the schedule: sync = each step rolls out, then trains; one_step_off = step k+1's rollout runs "
-                "while step k trains (its tokens one policy version old at most; docs/training.md)")
+                "while step k trains (its tokens one policy version old at most); async = groups generated "
+                "continuously, up to train.max_staleness versions ahead (docs/training.md)")
     max_staleness: int = _field(
         1, "modes other than sync: how many policy versions older than the trainer's a trained token's "
            "sampler may be", ge=0)

@@ -6,13 +6,13 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
 from .interfaces import accepts, member
 
-__all__ = ["read_jsonl_samples", "load_samples", "batch_indices"]
+__all__ = ["read_jsonl_samples", "load_samples", "batch_indices", "indices_at"]
 
 
 def read_jsonl_samples(path: str | os.PathLike[str], id_prefix: str) -> list[dict[str, Any]]:
@@ -62,6 +62,21 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
         raise ConfigError([f"data: the {config.env!r} env cannot give its {split!r} split ({one_line(exc)})"],
                           hint="`rlf eval --split` takes the env's splits (train, test); or give JSONL files "
                                "(data.train_file, data.eval_file)") from exc
+
+
+def indices_at(num_samples: int, positions: Sequence[int], seed: int, shuffle: bool = True) -> list[int]:
+    """The sample indices at global data ``positions`` (any order, gaps allowed: an
+    asynchronous schedule's chunk skips prompts trained already), as :func:`batch_indices`
+    gives them, one contiguous run at a time."""
+    out: list[int] = []
+    start = 0
+    while start < len(positions):
+        end = start + 1
+        while end < len(positions) and positions[end] == positions[end - 1] + 1:
+            end += 1
+        out += batch_indices(num_samples, end - start, seed, positions[start], shuffle=shuffle)
+        start = end
+    return out
 
 
 def batch_indices(num_samples: int, count: int, seed: int, position: int, shuffle: bool = True) -> list[int]:

@@ -193,7 +193,12 @@ def schedule_problems(values: Mapping[str, Any]) -> list[str]:
     if mode == "sync" or not isinstance(mode, str):
         return []
     problems = []
-    if train.get("max_staleness") == 0:
+    grpo = section("grpo")
+    if mode == "async" and train.get("max_staleness", 1) != 0 and not grpo.get("tis_cap"):
+        problems.append(f"grpo.tis_cap: train.mode=async trains tokens up to train.max_staleness "
+                        f"({train.get('max_staleness', 1)}) versions old, which needs the truncated importance "
+                        f"weight of the decoupled objective; set grpo.tis_cap (e.g. 2.0), or train.max_staleness=0")
+    if mode == "one_step_off" and train.get("max_staleness") == 0:
         problems.append(f"train.max_staleness: 0 allows no token older than the trainer's weights, but "
                         f"train.mode={mode} trains step k while step k+1 rolls out (its tokens are up to one "
                         f"version old); set train.max_staleness=1 or train.mode=sync")

@@ -84,13 +84,23 @@ class Run:
     processor: Any
     train_samples: Sequence[Any]
     eval_samples: Sequence[Any]
-    position: int  # the data position: every prompt rolled out so far, kept or not
+    position: int  # the data position: every prompt before it trained (rolled out for a trained step, kept or not)
     start_step: int  # the step the run (re)started after
     finished_step: int = 0
     last_saved: int = 0
     rng_before_step: Any = None  # the RNGs before the step in progress, while it can be dropped
     last_metrics: dict[str, float] = field(default_factory=dict)
     status: StatusWriter | None = None
+    trained_ahead: set[int] = field(default_factory=set)  # positions past ``position`` already trained
+
+    def mark_trained(self, positions: Sequence[int]) -> None:
+        """The prompts at data ``positions`` are trained: ``position`` moves past every prompt
+        trained so far (an asynchronous schedule trains a later prompt before an earlier one
+        still in flight: it is kept in ``trained_ahead`` until the position passes it)."""
+        self.trained_ahead.update(positions)
+        while self.position in self.trained_ahead:
+            self.trained_ahead.remove(self.position)
+            self.position += 1
 
     @property
     def pad_id(self) -> int:
@@ -100,7 +110,11 @@ class Run:
         """Checkpoint ``at_step``. The step's metrics go into the checkpoint too: a kill between
         the checkpoint and the metrics line would otherwise lose them (a resumed run appends
         them). A second Ctrl-C while it is written lets it finish, then stops."""
-        state = {"position": self.position} if record is None else {"position": self.position, "metrics": record}
+        state: dict[str, Any] = {"position": self.position}
+        if self.trained_ahead:
+            state["trained_ahead"] = sorted(self.trained_ahead)
+        if record is not None:
+            state["metrics"] = record
         # A vision-language model's processor saves its tokenizer and its image processor.
         cancelled = await _to_completion(self.engine.save(self.run_dir, at_step, state=state,
                                                           tokenizer=self.processor or self.tokenizer))
@@ -216,7 +230,8 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
         run = Run(config, task, run_dir, engine, stop, logger, view, prepared.tokenizer, prepared.processor,
                   prepared.train_samples, prepared.eval_samples,
                   position=0 if resumed is None else resumed["position"], start_step=start_step,
-                  finished_step=start_step, last_saved=start_step)
+                  finished_step=start_step, last_saved=start_step,
+                  trained_ahead=set(() if resumed is None else resumed.get("trained_ahead", ())))
         with view:
             yield run
     except (PhaseDropped, asyncio.CancelledError):

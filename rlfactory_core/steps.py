@@ -39,11 +39,13 @@ __all__ = ["StepRollout", "StepUpdate", "before_training", "rollout_phase", "upd
 @dataclass
 class StepRollout:
     """A step's assembled groups (``assembled.trajectories``, ``assembled.scored``), every
-    sample rolled out for it (all advance the data position) and the phases' times."""
+    sample rolled out for it and its data positions (all trained once the update ran: kept
+    or not) and the phases' times."""
 
     assembled: Any
     samples: list[Any]
     times: dict[str, float]
+    positions: list[int]
 
 
 @dataclass
@@ -103,7 +105,7 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
         samples += batch_samples
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
-    return StepRollout(assembler.assemble(), samples, times)
+    return StepRollout(assembler.assemble(), samples, times, list(range(position, position + len(samples))))
 
 
 async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
@@ -121,12 +123,13 @@ async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
     recorded = [row for row, mark in enumerate(marks) if mark]
     if recorded:
         batch["recorded"] = batch["lengths"].new_tensor(marks).bool()
-    stats = await run.engine.update(batch, step)
+    staleness = _staleness_metrics(batch)
+    stats = {**await run.engine.update(batch, step), **staleness}
     if recorded:
         _record_train_rows(run, step, rollout, batch, recorded)
     update = StepUpdate(stats, batch["sequence_advantages"], float(batch["attention_mask"].sum()))
     del batch
-    run.position += len(rollout.samples)  # every prompt rolled out, kept or not
+    run.mark_trained(rollout.positions)  # every prompt rolled out for the step, kept or not
     run.stop.updated()
     rollout.times["time/train"] = time.perf_counter() - t
     return update
@@ -181,6 +184,21 @@ def _record_train_rows(run: Run, step: int, rollout: StepRollout, batch: Any, ro
         row_samples=[by_id.get(str(t.sample_id)) for t in trajectories], rows=rows,
         advantages=batch["sequence_advantages"], token_advantages=batch["advantages"],
         trainer_logprobs=batch.get("trainer_logprobs", None)))
+
+
+def _staleness_metrics(batch: Any) -> dict[str, float]:
+    """The trained tokens' ages in policy versions (``staleness``, :mod:`.training.batch`): the
+    share of each age (``staleness/tokens_<age>``) and the oldest (``staleness/max``)."""
+    if "staleness" not in batch.keys():
+        return {}
+    mask = batch["loss_mask"].bool()
+    ages = batch["staleness"][mask]
+    if not ages.numel():
+        return {}
+    counts = ages.bincount()
+    metrics = {f"staleness/tokens_{age}": float(count) / ages.numel() for age, count in enumerate(counts.tolist())}
+    metrics["staleness/max"] = float(ages.max())
+    return metrics
 
 
 async def _cold_start(run: Run) -> dict[str, float]:

@@ -8,7 +8,8 @@
 4. :func:`rlfactory_core.steps.before_training` evaluates the base model and runs the cold
    start; the schedule (:mod:`rlfactory_core.loops`, ``train.mode``) runs the steps to
    ``train.steps``: each a rollout, an update, a weight sync, then metrics, eval and checkpoint
-   (``sync``: one after the other; ``one_step_off``: the next step's rollout during the update).
+   (``sync``: one after the other; ``one_step_off``: the next step's rollout during the update;
+   ``async``: groups streamed continuously, up to ``train.max_staleness`` versions ahead).
 
 What a step does and why (the algorithm, its options, batching, stopping and resuming) is in
 ``docs/training.md``; the phases in :mod:`rlfactory_core.steps`, the formulas in
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
-from .loops import one_step_off, sync
+from .loops import asynchronous, one_step_off, sync
 from .preflight import raise_problems, run_problems
 from .run import TrainingInterrupted, opened, prepare
 from .steps import before_training
@@ -31,7 +32,7 @@ from .steps import before_training
 __all__ = ["train", "TrainingInterrupted"]
 
 #: ``train.mode`` -> its schedule (:mod:`rlfactory_core.loops`).
-SCHEDULES = {"sync": sync.run_steps, "one_step_off": one_step_off.run_steps}
+SCHEDULES = {"sync": sync.run_steps, "one_step_off": one_step_off.run_steps, "async": asynchronous.run_steps}
 
 
 def train(config: RunConfig, *, resume: str | os.PathLike[str] | None = None, console: Any = None) -> Path:

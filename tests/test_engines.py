@@ -33,11 +33,15 @@ def _protocol_methods():
 @pytest.mark.parametrize("engine_cls", _engine_classes(), ids=lambda cls: cls.__name__)
 def test_every_engine_implements_the_whole_protocol_with_coroutines(engine_cls):
     methods = _protocol_methods()
-    assert set(methods) == {"start", "rollout", "update", "supervised_update", "sync_weights", "save", "close"}
+    assert set(methods) == {"start", "rollout", "rollout_groups", "update", "supervised_update", "sync_weights",
+                            "save", "close"}
     for name, spec in methods.items():
         implementation = getattr(engine_cls, name, None)
         assert implementation is not None, f"{engine_cls.__name__} has no {name}()"
-        assert inspect.iscoroutinefunction(implementation), f"{engine_cls.__name__}.{name} is not async"
+        if name == "rollout_groups":  # a stream: an async generator
+            assert inspect.isasyncgenfunction(implementation), f"{engine_cls.__name__}.{name} is not an async generator"
+        else:
+            assert inspect.iscoroutinefunction(implementation), f"{engine_cls.__name__}.{name} is not async"
         expected = [(p.name, p.kind) for p in inspect.signature(spec).parameters.values()]
         actual = [(p.name, p.kind) for p in inspect.signature(implementation).parameters.values()]
         assert actual == expected, f"{engine_cls.__name__}.{name}{inspect.signature(implementation)}"

@@ -162,12 +162,14 @@ def _tensors(checkpoint: Path, model_dir: Path, names: list[str]) -> dict:
             for i, name in enumerate(names)}
 
 
-def _run(tmp_path: Path, model_dir: Path) -> dict:
+def _run(tmp_path: Path, model_dir: Path, schedule: tuple[str, ...] = ()) -> dict:
+    """The trace of a run of SETTINGS; ``schedule``: overrides of ``train.mode`` that must
+    give the same run (they are not part of the recorded settings)."""
     from rlfactory_core.config import load_config
     from rlfactory_core.testing import train
 
     run_dir = tmp_path / "run"
-    config = load_config([], [*SETTINGS, f"model.name={model_dir}", f"run_dir={run_dir}"])
+    config = load_config([], [*SETTINGS, *schedule, f"model.name={model_dir}", f"run_dir={run_dir}"])
     recorder = Recorder()
     with registered_plugin(recorder, "golden-recorder"):
         train(config)
@@ -262,9 +264,12 @@ def _load_golden() -> dict:
 
 
 @pytest.mark.slow
-def test_a_seeded_run_reproduces_the_golden_trace(tmp_path, tiny_model_dir):
-    trace = _run(tmp_path, tiny_model_dir)
-    if os.environ.get("RLF_RECORD_GOLDEN") == "1":  # first in the file: the tests after it read the new one
+# The asynchronous schedule with no staleness allowed must be the synchronous one, through its
+# own code (rlfactory_core.stream): the same trajectories, the same updates.
+@pytest.mark.parametrize("schedule", [(), ("train.mode=async", "train.max_staleness=0")], ids=["sync", "async-0"])
+def test_a_seeded_run_reproduces_the_golden_trace(tmp_path, tiny_model_dir, schedule):
+    trace = _run(tmp_path, tiny_model_dir, schedule)
+    if os.environ.get("RLF_RECORD_GOLDEN") == "1" and not schedule:  # the tests after it read the new one
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(trace, indent=1) + "\n")
         pytest.skip("recorded the golden trace")

@@ -310,7 +310,7 @@ LAYERS = [
     ("preflight", {"preflight", "stopping"}),
     ("engines", {"engines"}),
     ("evaluation", {"evaluation"}),
-    ("trainer", {"run", "steps", "loops", "trainer"}),
+    ("trainer", {"run", "steps", "stream", "loops", "trainer"}),
     ("the plugin API and the test kit", {"__init__", "testing"}),
 ]
 

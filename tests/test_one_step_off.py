@@ -113,5 +113,5 @@ def test_schedule_combinations_that_cannot_work_are_reported_together():
     assert any("train.steps" in p for p in problems)  # the schema's own error, in the same report
     _, problems = preflight(overrides=["train.mode=one_step_off", "engine=ray", "ray.placement=separate"])
     assert not [p for p in problems if p.startswith(("train.", "ray."))]
-    _, problems = preflight(overrides=["train.mode=async"])
+    _, problems = preflight(overrides=["train.mode=overlapped"])
     assert any(p.startswith("train.mode") for p in problems)

@@ -4,7 +4,8 @@
 An engine owns the policy, its optimizer and the generation backends, wherever they run:
 :class:`~rlfactory_core.engines.local.LocalEngine` keeps everything in this process;
 :class:`~rlfactory_core.engines.ray.RayEngine` places the same work on Ray actors. The loop
-calls, per step: :meth:`Engine.rollout` (trajectories and their rewards), :meth:`Engine.update`
+calls, per step: :meth:`Engine.rollout` (trajectories and their rewards; the asynchronous
+schedule streams them, group by group, with :meth:`Engine.rollout_groups`), :meth:`Engine.update`
 (the optimizer steps on the batch; before the first step, with ``cold_start``,
 :meth:`Engine.supervised_update`), :meth:`Engine.sync_weights` (the new policy to the
 generation backends), and sometimes :meth:`Engine.save` (a checkpoint). Every method is a
@@ -26,11 +27,11 @@ was killed; tested by tests/test_engines.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import Any, AsyncIterator, NamedTuple, Protocol, Sequence, runtime_checkable
 
 from ..config import RunConfig
 
-__all__ = ["Engine", "RolloutResult", "rollout_config_for", "resumed_version"]
+__all__ = ["Engine", "RolloutResult", "RolloutGroup", "rollout_config_for", "resumed_version"]
 
 
 class RolloutResult(NamedTuple):
@@ -41,6 +42,16 @@ class RolloutResult(NamedTuple):
     trajectories: list[Any]
     scored: Any
     times: dict[str, float]
+
+
+class RolloutGroup(NamedTuple):
+    """One sample's group from a streamed rollout (:meth:`Engine.rollout_groups`): ``index``,
+    the sample's place in the samples asked for (each trajectory's ``group``), its
+    ``group_size`` trajectories in order and their scores."""
+
+    index: int
+    trajectories: list[Any]
+    scored: Any
 
 
 def resumed_version(state: dict[str, Any] | None) -> int:
@@ -67,6 +78,12 @@ class Engine(Protocol):
                       rewards: str = "train") -> RolloutResult:
         """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
         rewards. Cancelling the call cancels the rollouts in flight."""
+
+    def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                       rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+        """:meth:`rollout`, streamed: each sample's group, scored, as soon as it finished (in
+        finish order; the same trajectories :meth:`rollout` gives). Closing the iterator
+        cancels the rest; new weights may be synced while it runs."""
 
     async def update(self, batch: Any, step: int) -> dict[str, float]:
         """The optimizer steps on ``batch`` (:mod:`rlfactory_core.training.batch`) at

@@ -8,10 +8,11 @@ engine's rollout workers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 from ..config import RunConfig
 from ..errors import ConfigError, one_line
@@ -20,7 +21,7 @@ from ..threads import DaemonThreadPool
 from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
                                return_freed_memory, training_device, use_packing, weights_for_backend)
 from ..training.update import update_policy
-from .base import RolloutResult, resumed_version
+from .base import RolloutGroup, RolloutResult, resumed_version
 
 __all__ = ["LocalEngine", "LocalRollout", "backend_for"]
 
@@ -79,6 +80,21 @@ class LocalRollout:
         times["time/reward"] = time.perf_counter() - t
         return RolloutResult(trajectories, scored, times)
 
+    async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                             rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+        """:meth:`rollout`, each sample's group scored and yielded as soon as it finished."""
+        from ..rollout import rollout_groups
+
+        layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
+        stream = rollout_groups(samples, env=self.task.env, parser=self.task.parser,
+                                tool_manager=self.task.tool_manager, backend=self.backend, chat=self.chat,
+                                config=rollout_config, group_size=group_size)
+        async with contextlib.aclosing(stream):
+            async for trajectories in stream:
+                index = trajectories[0].group
+                scored = await layer.score(trajectories, [samples[index]] * len(trajectories))
+                yield RolloutGroup(index, trajectories, scored)
+
     async def close(self) -> None:
         """The backend, then the task (rewards, tool servers)."""
         try:
@@ -126,6 +142,13 @@ class LocalEngine:
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
                       rewards: str = "train") -> RolloutResult:
         return await self.generation.rollout(samples, rollout_config, group_size=group_size, rewards=rewards)
+
+    async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                             rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+        stream = self.generation.rollout_groups(samples, rollout_config, group_size=group_size, rewards=rewards)
+        async with contextlib.aclosing(stream):
+            async for group in stream:
+                yield group
 
     async def update(self, batch: Any, step: int) -> dict[str, float]:
         stats = await self._on_train_thread(update_policy, self.policy, self.reference, self.optimizer, batch,

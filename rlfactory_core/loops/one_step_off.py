@@ -40,7 +40,7 @@ async def run_steps(run: Run) -> None:
             rollout.times["time/rollout_wait"] = time.perf_counter() - started
             ahead = None
             if step < last:  # from the prompts after this step's
-                ahead = asyncio.ensure_future(rollout_phase(run, step + 1, run.position + len(rollout.samples)))
+                ahead = asyncio.ensure_future(rollout_phase(run, step + 1, rollout.positions[-1] + 1))
             update = await update_phase(run, step, rollout)  # from here on the step is finished
             synced = await sync_phase(run, rollout.times)
             await end_step(run, step, rollout, update, synced, started)

@@ -11,13 +11,15 @@ Importing this package does not import torch, transformers or vLLM; the backends
 them when used. (Trajectories become training tensors in :mod:`rlfactory_core.training.batch`.)
 """
 
-from .agent_loop import STOP_REASONS, RolloutConfig, SamplingConfig, rollout, rollout_metrics, run_trajectory
+from .agent_loop import (STOP_REASONS, RolloutConfig, SamplingConfig, rollout, rollout_groups, rollout_metrics,
+                         run_trajectory)
 from .backends import (BACKEND_NAMES, GREEDY_TEMPERATURE, Backend, Generation, SamplingParams, make_backend,
                        vllm_available)
 from .render import ChatTemplate, RetokenizationReport, check_retokenization
 
 __all__ = [
     "rollout",
+    "rollout_groups",
     "run_trajectory",
     "RolloutConfig",
     "SamplingConfig",

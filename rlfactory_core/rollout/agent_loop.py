@@ -37,7 +37,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import replace
-from typing import Any, Literal, Sequence
+from typing import Any, AsyncIterator, Literal, Sequence
 
 import pydantic
 
@@ -47,8 +47,8 @@ from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, 
 from .backends.base import Backend, SamplingParams
 from .render import ChatTemplate
 
-__all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_metrics", "STOP_REASONS",
-           "with_tools_prompt", "parse_turn", "parse_error_results"]
+__all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_groups", "rollout_metrics",
+           "STOP_REASONS", "with_tools_prompt", "parse_turn", "parse_error_results"]
 
 log = logging.getLogger("rlfactory.rollout")
 
@@ -303,6 +303,43 @@ async def rollout(
     order (the ``group_size`` trajectories of sample 0 first), each with its ``group`` (the
     index of its sample in ``samples``). Observers see each trajectory end
     (``rlfactory_on_trajectory_end``)."""
+    return list(await asyncio.gather(*_trajectory_jobs(samples, env=env, parser=parser, tool_manager=tool_manager,
+                                                       backend=backend, chat=chat, config=config,
+                                                       group_size=group_size)))
+
+
+async def rollout_groups(
+    samples: Sequence[Sample],
+    *,
+    env: Any,
+    parser: Any,
+    tool_manager: Any,
+    backend: Backend,
+    chat: ChatTemplate,
+    config: RolloutConfig,
+    group_size: int = 1,
+) -> AsyncIterator[list[Trajectory]]:
+    """:func:`rollout`, streamed: each sample's group (its ``group_size`` trajectories, in
+    order) as soon as all of them finished, groups in the order they finish. The trajectories
+    start as :func:`rollout` starts them (all at once, in the same order, with the same
+    seeds), so they are the same trajectories. Closing the iterator early cancels the rest."""
+    jobs = [asyncio.ensure_future(job) for job in _trajectory_jobs(
+        samples, env=env, parser=parser, tool_manager=tool_manager, backend=backend, chat=chat, config=config,
+        group_size=group_size)]
+    groups = [asyncio.gather(*jobs[g * group_size:(g + 1) * group_size]) for g in range(len(samples))]
+    try:
+        for finished in asyncio.as_completed(groups):
+            yield list(await finished)
+    finally:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+
+
+def _trajectory_jobs(samples: Sequence[Sample], *, env: Any, parser: Any, tool_manager: Any, backend: Backend,
+                     chat: ChatTemplate, config: RolloutConfig, group_size: int) -> list[Any]:
+    """One coroutine per trajectory, sample by sample: ``i`` numbers the trajectories (it
+    seeds their sampling), ``group`` names their sample."""
 
     async def one(i: int, group: int, sample: Sample) -> Trajectory:
         trajectory = await run_trajectory(sample, env=env, parser=parser, tool_manager=tool_manager,
@@ -311,10 +348,8 @@ async def rollout(
         notify("rlfactory_on_trajectory_end", trajectory=trajectory, sample=sample)
         return trajectory
 
-    # ``i`` numbers the trajectories (it seeds their sampling); ``group`` names their sample
-    jobs = [one(group * group_size + k, group, sample)
-            for group, sample in enumerate(samples) for k in range(group_size)]
-    return list(await asyncio.gather(*jobs))
+    return [one(group * group_size + k, group, sample) for group, sample in enumerate(samples)
+            for k in range(group_size)]
 
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:

@@ -282,6 +282,17 @@ class RolloutWorker:
         self.finished += 1
         return trajectories, scored, times
 
+    async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, group_size: int,
+                             rewards: str) -> Any:
+        """:meth:`rollout`, streamed (a Ray streaming generator): each sample's ``(index,
+        trajectories, scored)`` as soon as its group finished."""
+        async for index, trajectories, scored in self.generation.rollout_groups(
+                samples, rollout_config, group_size=group_size, rewards=rewards):
+            for trajectory in trajectories:  # the env's live state stays here
+                trajectory.env_state = None
+            yield index, trajectories, scored
+        self.finished += 1
+
     async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> float | None:
         return await self.generation.backend.update_weights(weights, version)
 

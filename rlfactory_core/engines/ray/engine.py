@@ -8,13 +8,13 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import ray
 
 from ...config import RunConfig
 from ...errors import ConfigError, RLFactoryError, one_line
-from ..base import RolloutResult, resumed_version
+from ..base import RolloutGroup, RolloutResult, resumed_version
 from .actors import JudgeActor, RolloutWorker, ToolActor, TrainerWorker, role_threads, threads_for
 
 __all__ = ["RayEngine", "chunks", "remote"]
@@ -314,6 +314,64 @@ class RayEngine:
         from ...rewards import ScoredBatch
 
         return RolloutResult(trajectories, ScoredBatch.concat([part[1] for part in parts]), times)
+
+    async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
+                             rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+        """:meth:`rollout`'s chunks, each worker streaming its groups back as they finish
+        (a Ray streaming generator), so the trajectories are :meth:`rollout`'s. A worker that
+        dies is replaced and runs its chunk again; the groups it had sent are not sent twice."""
+        spans = chunks(len(samples), len(self.rollout_workers))
+        self.restarts_left = self.config.ray.max_restarts
+        out: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def stream(index: int, start: int, end: int) -> None:
+            chunk_config = rollout_config.model_copy(deep=True)
+            if chunk_config.sampling.seed is not None:
+                chunk_config.sampling.seed += start * group_size
+            sent: set[int] = set()
+            while True:
+                worker = self.rollout_workers[index]
+                generator = worker.rollout_groups.options(num_returns="streaming").remote(
+                    list(samples[start:end]), chunk_config, group_size, rewards)
+                try:
+                    async for ref in generator:
+                        local, trajectories, scored = await ref
+                        if local not in sent:
+                            sent.add(local)
+                            for trajectory in trajectories:  # a worker numbers its chunk's groups from 0
+                                trajectory.group = start + local
+                            await out.put(RolloutGroup(start + local, trajectories, scored))
+                    return
+                except ray.exceptions.RayTaskError as exc:
+                    raise _failure(f"rollout worker {index}", exc) from None
+                except ray.exceptions.RayActorError as exc:
+                    self._spend_restart(index, exc)
+                    self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and running its "
+                              f"{end - start - len(sent)} unfinished prompt(s) again")
+                    with contextlib.suppress(Exception):
+                        ray.kill(worker)
+                    await self._start_rollout_worker(index)
+                finally:
+                    with contextlib.suppress(Exception):
+                        ray.cancel(generator)
+
+        async def all_streams() -> None:
+            try:
+                await asyncio.gather(*(stream(i, s, e) for i, (s, e) in enumerate(spans)))
+            except BaseException as exc:
+                await out.put(exc)
+                raise
+            await out.put(None)
+
+        feeder = asyncio.ensure_future(all_streams())
+        try:
+            while (item := await out.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
 
     def _spend_restart(self, index: int, exc: Exception) -> None:
         """Count the replacement of dead rollout worker ``index`` against this step's

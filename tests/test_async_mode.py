@@ -1,0 +1,196 @@
+"""``train.mode=async`` (rlfactory_core.loops.asynchronous over rlfactory_core.stream) on the
+local engine: real runs with the hf backend. With ``max_staleness: 0`` it is the synchronous
+schedule through its own code (here with dynamic sampling and tools, on a scripted policy;
+the golden trace, tests/test_golden_trace.py, checks the updates to float32 bounds); with more,
+the measured version of every trained token keeps within the bound, and every prompt is
+trained once across a stop and a resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import time
+
+import pytest
+import torch
+
+from rlfactory_core.config import load_config
+from rlfactory_core.data import batch_indices
+from rlfactory_core.metrics import read_metrics
+from rlfactory_core.records import RunRecords
+from rlfactory_core.testing import ScriptedBackend
+from rlfactory_core.training.checkpoint import latest_checkpoint
+
+from test_one_step_off import _expected_samples, _trained_versions
+
+TINY = ["env=arithmetic", "backend=hf", "train.mode=async", "grpo.tis_cap=2.0", "grpo.prompts_per_step=2",
+        "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=2", "rollout.max_tokens_per_turn=8",
+        "logging.tensorboard=false", "logging.live=off", "logging.record_train_groups=2", "train.lr=1e-3"]
+
+
+def _weights(run_dir):
+    from safetensors.torch import load_file
+
+    directory = latest_checkpoint(run_dir) / "model"
+    tensors = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
+class SeededPolicy(ScriptedBackend):
+    """The calculator's caller: a tool call for the question, then, after its result, the
+    answer, wrong for half the sampling seeds (so some groups are informative, some
+    constant: dynamic sampling rolls out more); each reply waits a time drawn from its seed, so
+    groups finish out of sample order."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, [])
+
+    async def generate(self, prompt_ids, sampling, **options):
+        text = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
+        question = text.rsplit("What is ", 1)[1]
+        expression = re.match(r"(\d+[-+*]\d+)\?", question).group(1)
+        await asyncio.sleep((sampling.seed * 7919 % 5) * 0.01)
+        if "<tool_call>" not in question and "calculator" not in question:
+            reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + expression + '"}}\n</tool_call>'
+        else:
+            wrong = random.Random(sampling.seed).random() < 0.5
+            reply = f"The answer is {eval(expression) + wrong}."  # noqa: S307
+        self.script = [reply] * (len(self.prompts) + 1)
+        return await super().generate(prompt_ids, sampling, **options)
+
+
+def test_async_with_no_staleness_is_the_synchronous_run_with_tools_and_dynamic_sampling(tmp_path, tiny_model_dir):
+    """Two turns a trajectory (the calculator, then the answer); dynamic sampling rolls out
+    more prompts when a group is constant; groups finish out of order. The same batches, in
+    sample order, the same updates, bit for bit."""
+    from rlfactory_core.models import load_tokenizer
+    from rlfactory_core.testing import scripted_backend, train
+
+    settings = ["env=arithmetic", "backend=hf", "grpo.prompts_per_step=3", "grpo.group_size=3", "train.steps=3",
+                "grpo.dynamic_sampling=true", "grpo.max_extra_rollouts=2", "rollout.max_turns=3",
+                "rollout.max_tokens_per_turn=48", "data.eval_size=2", "eval.every=0", "train.bf16=false",
+                "train.lr=1e-3", "logging.tensorboard=false", "logging.live=off", "logging.record_train_groups=3",
+                f"model.name={tiny_model_dir}"]
+    runs = {}
+    for name, extra in (("sync", []), ("async", ["train.mode=async", "train.max_staleness=0"])):
+        runs[name] = tmp_path / name
+        with scripted_backend(lambda path: SeededPolicy(load_tokenizer(path))):
+            train(load_config([], [*settings, *extra, f"run_dir={runs[name]}"]))
+    metrics = {name: {r["step"]: r for r in read_metrics(run)} for name, run in runs.items()}
+    for step in (1, 2, 3):
+        sync, asynchronous = metrics["sync"][step], metrics["async"][step]
+        assert sync["samples"] == asynchronous["samples"]
+        for key in ("batch/groups_sampled", "batch/groups_kept", "batch/extra_rollouts", "rollout/tool_calls",
+                    "reward/mean", "train/trained_tokens", "train/loss", "train/grad_norm"):
+            assert sync[key] == asynchronous[key], (step, key)
+        records = {name: RunRecords(run) for name, run in runs.items()}
+        rows = records["sync"].list("train", step)
+        assert [r["sample_id"] for r in rows] == [r["sample_id"] for r in records["async"].list("train", step)]
+        for row in rows:
+            a, b = (records[name].trajectory("train", step, row["index"]) for name in ("sync", "async"))
+            assert a["sequences"][0]["token_ids"] == b["sequences"][0]["token_ids"]
+            assert a["sequences"][0]["policy_version"] == b["sequences"][0]["policy_version"]
+    # what the run is made of: tool calls, constant groups dropped and made up for
+    assert all(metrics["sync"][step]["rollout/tool_calls"] > 0 for step in (1, 2, 3))
+    assert sum(metrics["sync"][step]["batch/extra_rollouts"] for step in (1, 2, 3)) > 0
+    sync_weights, async_weights = _weights(runs["sync"]), _weights(runs["async"])
+    assert all(torch.equal(sync_weights[name], async_weights[name]) for name in sync_weights)
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_no_trained_token_is_older_than_max_staleness(tmp_path, tiny_model_dir, staleness):
+    from rlfactory_core.testing import train
+
+    run_dir = tmp_path / "run"
+    steps = 4
+    train(load_config([], [*TINY, f"train.max_staleness={staleness}", f"train.steps={steps}",
+                           f"model.name={tiny_model_dir}", f"run_dir={run_dir}"]))
+    records = {r["step"]: r for r in read_metrics(run_dir)}
+    # no dynamic sampling: the chunks take the prompts in order, each trained once
+    assert [s for step in range(1, steps + 1) for s in records[step]["samples"]] == _expected_samples(run_dir, steps)
+    for step in range(1, steps + 1):
+        ages = [(step - 1) - v for v in _trained_versions(run_dir, step)]  # no cold start: V(step) = step - 1
+        assert ages and 0 <= min(ages) and max(ages) <= staleness, (step, ages)
+        stale = sum(1 for a in ages if a > 0) / len(ages)
+        assert abs(records[step]["train/stale_token_fraction"] - stale) < 1e-6
+        histogram = {int(k.rsplit("_", 1)[1]): v for k, v in records[step].items() if k.startswith("staleness/tokens_")}
+        assert abs(sum(histogram.values()) - 1) < 1e-6 and max(histogram) <= staleness
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert (state["step"], state["position"], state["policy_version"]) == (steps, 2 * steps, steps)
+    assert "trained_ahead" not in state
+
+
+def test_a_stop_drops_the_chunks_in_flight_and_a_resume_trains_each_prompt_once(tmp_path, tiny_model_dir,
+                                                                                  monkeypatch):
+    from rlfactory_core.engines import local as local_engine
+    from rlfactory_core.testing import TrainingInterrupted, train
+    from rlfactory_core.training.update import update_policy
+
+    calls = []
+
+    def interrupted_update(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # step 2's update: steps 3 and 4 are rolling out ahead
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+        return update_policy(*args, **kwargs)
+
+    run_dir = tmp_path / "run"
+    config = load_config([], [*TINY, "train.max_staleness=2", "train.steps=5", "checkpoint.every=1000",
+                              f"model.name={tiny_model_dir}", f"run_dir={run_dir}"])
+    monkeypatch.setattr(local_engine, "update_policy", interrupted_update)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(config)
+    assert stopped.value.message.startswith("step 2 is saved")
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert (state["step"], state["position"]) == (2, 4)  # the prompts in flight are not counted
+    monkeypatch.setattr(local_engine, "update_policy", update_policy)
+    train(config.model_copy(update={"run_dir": str(run_dir)}), resume=run_dir)
+    records = {r["step"]: r for r in read_metrics(run_dir)}
+    assert sorted(records) == [0, 1, 2, 3, 4, 5]
+    assert [s for step in range(1, 6) for s in records[step]["samples"]] == _expected_samples(run_dir, 5)
+
+
+def test_prompts_trained_ahead_of_one_in_flight_are_not_trained_again(tmp_path, tiny_model_dir):
+    """A dynamic-sampling attempt of step k takes prompts after step k+1's first chunk: when
+    the run stops with step k+1 untrained, the checkpoint keeps the data position before it
+    and the prompts trained past it, so a resumed run rolls out the one and skips the other."""
+    from rlfactory_core.run import Run
+
+    run = Run.__new__(Run)
+    run.position, run.trained_ahead = 0, set()
+    run.mark_trained([0, 1, 4, 5])  # step 1: its first chunk (0, 1), then an attempt (4, 5); 2, 3 in flight
+    assert (run.position, run.trained_ahead) == (2, {4, 5})
+    run.mark_trained([2, 3])
+    assert (run.position, run.trained_ahead) == (6, set())
+
+    from rlfactory_core.stream import GroupStream
+
+    class Engine:
+        policy_version = 0
+
+    run.position, run.trained_ahead, run.engine = 2, {4, 5}, Engine()
+    run.config = load_config([], ["train.mode=async", "grpo.tis_cap=2", "grpo.prompts_per_step=2"])
+    stream = GroupStream(run, 2, 3, 1)
+    assert stream._take(2) == [2, 3] and stream._take(2) == [6, 7]
+    from rlfactory_core.data import indices_at
+
+    assert indices_at(10, [2, 3, 6, 7], seed=0) == batch_indices(10, 2, 0, 2) + batch_indices(10, 2, 0, 6)
+    assert indices_at(10, list(range(2, 14)), seed=0) == batch_indices(10, 12, 0, 2)  # across an epoch
+
+
+def test_async_needs_a_cap_when_tokens_can_be_stale():
+    from rlfactory_core.preflight import preflight
+
+    _, problems = preflight(overrides=["train.mode=async"])
+    assert any(p.startswith("grpo.tis_cap: train.mode=async trains tokens up to") for p in problems)
+    _, problems = preflight(overrides=["train.mode=async", "train.max_staleness=0"])
+    assert not any(p.startswith("grpo.tis_cap") for p in problems)
+    _, problems = preflight(overrides=["train.mode=async", "grpo.tis_cap=2", "engine=ray"])
+    assert any(p.startswith("ray.placement: colocated") for p in problems)
