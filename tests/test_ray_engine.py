@@ -269,6 +269,42 @@ def test_a_killed_rollout_worker_is_replaced_and_its_prompts_run_again_or_it_get
     assert [t.sample_id for t in trajectories] == [s["id"] for s in samples for _ in range(2)]
 
 
+def test_a_streamed_rollout_outlives_a_killed_worker_and_sends_each_group_once(ray_cluster, tiny_model_dir):
+    """rollout_groups (the async schedule's): each worker streams its chunk's groups back; a
+    worker killed mid-stream is replaced and its chunk runs again, no group sent twice, and
+    the groups are those rollout() gives."""
+    config = tiny_config(tiny_model_dir, "ray.rollout.workers=2", "ray.trainer.workers=1")
+    task = build_task(config.model_copy(update={"engine": "local"}))
+    samples = list(task.env.dataset(size=6, split="train"))
+
+    async def run():
+        engine = RayEngine(config, base_path=tiny_model_dir, checkpoint=None)
+        try:
+            await engine.start()
+            await engine.sync_weights()
+            whole, _, _ = await engine.rollout(samples, rollout_config_for(config, 1), group_size=2)
+            victim = await engine.rollout_workers[0].pid.remote()
+            os.kill(victim, signal.SIGSTOP)  # holds its chunk (groups 0-2) until killed
+            groups = []
+            async for group in engine.rollout_groups(samples, rollout_config_for(config, 1), group_size=2):
+                groups.append(group)
+                if len(groups) == 3:  # worker 1's chunk is in: only the frozen worker's is left
+                    os.kill(victim, signal.SIGKILL)
+            return whole, groups, engine.restarts
+        finally:
+            await engine.close()
+
+    whole, groups, restarts = asyncio.run(run())
+    assert restarts == 1
+    assert sorted(group.index for group in groups) == list(range(6))  # each once
+    assert {group.index for group in groups[:3]} == {3, 4, 5}  # the live worker's came first
+    for group in groups:
+        assert [t.group for t in group.trajectories] == [group.index] * 2
+        assert len(group.scored.totals) == 2
+        expected = whole[2 * group.index:2 * group.index + 2]
+        assert all(same_turns(a, b) for a, b in zip(group.trajectories, expected))
+
+
 def test_roles_the_cluster_cannot_hold_are_refused_with_what_it_has(ray_cluster, tiny_model_dir):
     config = tiny_config(tiny_model_dir, "ray.trainer.cpus=4", "ray.rollout.gpus=1")
 
@@ -354,18 +390,19 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
     assert [m["step"] for m in read_metrics(run_dir) if m.get("train/optimizer_steps")] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ray_cluster, tiny_model_dir, tmp_path,
-                                                                             capsys):
+                                                                             capsys, mode):
     """Steps of the ray engine with ``ray.placement=separate`` (2 trainer ranks and the
-    rollout worker in placement groups of their own), resumed from a local checkpoint, in
-    ``train.mode=one_step_off``: step 3 rolls out on the worker while step 2 trains on the ranks."""
+    rollout worker in placement groups of their own), resumed from a local checkpoint, in an
+    overlapping ``train.mode``: step 3 rolls out on the worker while step 2 trains on the ranks."""
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model_dir, "engine=local", "train.steps=1", "data.eval_size=2", "eval.every=0",
                          f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3",
                          "ray.placement=separate", "logging.record_train_groups=4")
     train(config)
     on_ray = config.model_copy(update={"engine": "ray"})
-    on_ray.train.steps, on_ray.train.mode = 3, "one_step_off"
+    on_ray.train.steps, on_ray.train.mode, on_ray.grpo.tis_cap = 3, mode, 2.0
     train(on_ray, resume=run_dir)
     assert "2 trainer rank(s), 1 rollout worker(s), placement separate" in capsys.readouterr().out
     assert latest_checkpoint(run_dir).name == "step-000003"
