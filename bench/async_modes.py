@@ -1,4 +1,4 @@
-"""Schedules side by side: ``train.mode=sync`` against ``one_step_off``, same engine, commit and
+"""Schedules side by side: ``train.mode=sync`` against ``one_step_off`` and ``async``, same engine, commit and
 workload, with the bound overlap can reach computed from the sync arm before any tuning.
 
 Each arm is a real ``rlf train`` process (the embedded default model, ``--steps`` steps of
@@ -26,7 +26,7 @@ them, torch's default threads for the update), or ``split`` (vLLM's worker on th
 
     .venv/bin/python bench/async_modes.py --workload compute      # ~15 min on 2 cores
     .venv/bin/python bench/async_modes.py --workload latency      # ~15 min
-    .venv/bin/python bench/async_modes.py --arms sync:shared one_step_off:shared one_step_off:split
+    .venv/bin/python bench/async_modes.py --arms sync:shared one_step_off:shared async:shared async:split
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], w
                  f"grpo.prompts_per_step={args.prompts}", f"grpo.group_size={args.group}", "eval.every=0",
                  f"data.eval_size={args.eval_size}", f"checkpoint.every={args.steps}", "logging.live=off",
                  "logging.tensorboard=false", f"backend={args.backend}"]
+    if mode == "async":  # stale tokens need the decoupled objective's weight (a preflight rule)
+        overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
     if split == "split":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
         overrides.append("train.threads=1")
@@ -182,6 +184,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--eval-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-staleness", type=int, default=1, help="the async arms' train.max_staleness")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--latency", type=float, nargs=2, default=(0.5, 1.0), metavar=("MIN", "MAX"))
     parser.add_argument("--work-dir", default=None)

@@ -253,7 +253,8 @@ class RaySection(_Section):
     rollout: RayRole = _field(RayRole, "rollout workers: each runs the agent loop and rewards with its own backend")
     judge: JudgeRole = _field(JudgeRole, "a pool for model-based rewards")
     tool_actors: ToolActorsSection = _field(ToolActorsSection, "tools shared by all rollout workers")
-    max_restarts: int = _field(3, "replacements of dead rollout workers per step before the run fails", ge=0)
+    max_restarts: int = _field(3, "replacements of dead rollout workers per step (the rollouts and weight "
+                                  "pushes between two updates) before the run fails", ge=0)
     worker_logs: bool = _field(False, "show the actors' output (vLLM, transformers) in the run's output; it is "
                                       "always in /tmp/ray/session_latest/logs")
     placement_timeout_s: float = _field(60.0, "how long to wait for the cluster to place the actors", gt=0)

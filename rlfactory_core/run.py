@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import random
 import signal
 from dataclasses import dataclass, field
@@ -175,8 +176,9 @@ async def opened(prepared: Prepared, console: Any) -> AsyncIterator[Run]:
         raise
     with lock:
         _announce(console, config, run_dir, prepared.checkpoint)
-        if (warning := bf16_warning(config.train.bf16, training_device(config))) is not None:
-            say(console, f"warning: {warning}")
+        for warning in (bf16_warning(config.train.bf16, training_device(config)), _shared_cores_warning(config)):
+            if warning is not None:
+                say(console, f"warning: {warning}")
         log_to(run_dir / LOG_FILE)  # the engines' output, captured by the CLI until now
         write_run_files(run_dir, config)
         saved = 0 if prepared.checkpoint is None else int(prepared.checkpoint.name.split("-")[1])
@@ -263,6 +265,19 @@ def step_started(run: Run, step: int) -> None:
         raise PhaseDropped
     run.stop.at(step, finished=run.finished_step)
     run.rng_before_step = rng_state()
+
+
+def _shared_cores_warning(config: RunConfig) -> str | None:
+    """An overlapping schedule on a few CPU cores, everything in this process: the rollout and
+    the update share them (measured slower than sync when both compute: bench/README.md)."""
+    if config.train.mode == "sync" or config.engine != "local" or training_device(config).type != "cpu":
+        return None
+    cores = len(os.sched_getaffinity(0))
+    if cores > 4:
+        return None
+    return (f"train.mode={config.train.mode} overlaps rollout and training, but both run on the same {cores} CPU "
+            f"core(s) here; it pays off when the rollout waits (tools, servers, judges), and was slower than "
+            f"train.mode=sync where both phases compute (bench/README.md, async_modes)")
 
 
 def _announce(console: Any, config: RunConfig, run_dir: Path, checkpoint: Path | None) -> None:

@@ -26,6 +26,24 @@ def rollout(groups: list[list[float]], tag: str):
     return trajectories, scored
 
 
+# the trajectories of rollout() have no segments: nothing written, no turn
+LENGTHS = {"batch/generated_tokens_mean": 0.0, "batch/trained_tokens_mean": 0.0, "batch/generated_turns_mean": 0.0,
+           "batch/trained_turns_mean": 0.0}
+
+
+def test_length_bias_metrics_compare_what_was_generated_with_what_is_trained():
+    from rlfactory_core.types import Segment
+
+    trajectories, scored = rollout([[1.0, 1.0], [0.0, 1.0]], "a")
+    for t, tokens in zip(trajectories, (2, 2, 6, 10)):  # the constant group (dropped) is the short one
+        t.segments = [Segment("model", [5] * tokens, [-0.1] * tokens)]
+    assembler = BatchAssembler(1, [informative])
+    assembler.add(trajectories, scored)
+    metrics = assembler.assemble().metrics
+    assert metrics["batch/generated_tokens_mean"] == 5.0 and metrics["batch/trained_tokens_mean"] == 8.0
+    assert metrics["batch/generated_turns_mean"] == metrics["batch/trained_turns_mean"]
+
+
 def test_without_filters_every_group_is_kept_in_order():
     assembler = BatchAssembler(2)
     assembler.add(*rollout([[1.0, 1.0], [0.0, 1.0]], "a"))
@@ -34,7 +52,8 @@ def test_without_filters_every_group_is_kept_in_order():
     assert [t.sample_id for t in batch.trajectories] == ["a0.0", "a0.1", "a1.0", "a1.1"]
     assert [t.group for t in batch.trajectories] == [0, 0, 1, 1]
     assert batch.scored.totals == [1.0, 1.0, 0.0, 1.0]
-    assert batch.metrics == {"batch/groups_sampled": 2.0, "batch/groups_kept": 2.0, "batch/extra_rollouts": 0.0}
+    assert batch.metrics == {"batch/groups_sampled": 2.0, "batch/groups_kept": 2.0, "batch/extra_rollouts": 0.0,
+                             **LENGTHS}
 
 
 def test_groups_without_a_reward_difference_are_dropped_and_the_batch_is_filled_from_more_rollouts():
@@ -47,7 +66,8 @@ def test_groups_without_a_reward_difference_are_dropped_and_the_batch_is_filled_
     assert [t.group for t in batch.trajectories] == [0, 0, 1, 1]  # renumbered: no clash between rollouts
     assert batch.scored.totals == [0.0, 1.0, 2.0, 0.5]
     assert batch.scored.components == [{"r": 0.0}, {"r": 1.0}, {"r": 2.0}, {"r": 0.5}]
-    assert batch.metrics == {"batch/groups_sampled": 5.0, "batch/groups_kept": 2.0, "batch/extra_rollouts": 1.0}
+    assert batch.metrics == {"batch/groups_sampled": 5.0, "batch/groups_kept": 2.0, "batch/extra_rollouts": 1.0,
+                             **LENGTHS}
 
 
 def test_when_no_group_is_informative_the_first_rollout_is_trained_on_as_without_the_filter():

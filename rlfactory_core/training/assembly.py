@@ -13,6 +13,12 @@ When no group passes, it trains on the groups of its first rollout, as without t
 (the step still counts; its warning says why nothing was learned). The metrics say what
 happened: ``batch/groups_sampled``, ``batch/groups_kept``, ``batch/extra_rollouts``.
 
+**Length bias**: a filter can favour some lengths (an all-correct group is often a short
+one; a schedule that dropped stale groups would drop the long ones, which take longest to
+generate). ``batch/generated_tokens_mean`` / ``batch/trained_tokens_mean`` (model tokens per
+trajectory) and ``batch/generated_turns_mean`` / ``batch/trained_turns_mean`` compare every
+trajectory rolled out for the step with those it trains on.
+
 A filter is a function of one group (its trajectories and their total rewards) that says
 whether to keep it; more (dropping failed trajectories, a staleness bound) plug in here.
 """
@@ -61,6 +67,7 @@ class BatchAssembler:
         self._first: list[tuple[list[Any], ScoredBatch]] = []  # the first rollout's groups: the fallback
         self.rollouts = 0
         self.sampled = 0
+        self._generated: list[Any] = []  # every trajectory added, for the length-bias metrics
 
     @property
     def needed(self) -> int:
@@ -71,6 +78,7 @@ class BatchAssembler:
         """One rollout's trajectories (with their ``group``) and scores; the groups that pass
         every filter are kept, up to the number still wanted."""
         by_group: dict[Any, list[int]] = {}
+        self._generated += trajectories
         for row, trajectory in enumerate(trajectories):
             by_group.setdefault(trajectory.group, []).append(row)
         for rows in by_group.values():
@@ -90,5 +98,14 @@ class BatchAssembler:
                 trajectory.group = number
                 trajectories.append(trajectory)
         metrics = {"batch/groups_sampled": float(self.sampled), "batch/groups_kept": float(len(self._kept)),
-                   "batch/extra_rollouts": float(max(0, self.rollouts - 1))}
+                   "batch/extra_rollouts": float(max(0, self.rollouts - 1)),
+                   **_lengths("generated", self._generated), **_lengths("trained", trajectories)}
         return Assembled(trajectories, ScoredBatch.concat([scored for _, scored in groups]), metrics)
+
+
+def _lengths(which: str, trajectories: Sequence[Any]) -> dict[str, float]:
+    """Mean model tokens and turns per trajectory (``batch/<which>_tokens_mean``, ``..._turns_mean``)."""
+    n = max(len(trajectories), 1)
+    tokens = sum(len(s.token_ids) for t in trajectories for s in t.segments if s.kind == "model")
+    return {f"batch/{which}_tokens_mean": tokens / n,
+            f"batch/{which}_turns_mean": sum(t.num_turns for t in trajectories) / n}

@@ -95,7 +95,9 @@ class RayEngine:
         self.policy_version = 0  # of the trainer's weights (engines.base); set by start
         self.synced_version: int | None = None  # of self.weights (before the first sync: the loaded weights')
         self.restarts = 0  # rollout workers replaced, whole run
-        self.restarts_left = config.ray.max_restarts  # this step's: reset by each rollout, spent by the push too
+        # this step's: the rollouts and pushes between two updates (an asynchronous schedule's
+        # chunks overlap, so the window is the step's, not one rollout call's); reset by each update
+        self.restarts_left = config.ray.max_restarts
 
     # ---- cluster and placement
 
@@ -284,7 +286,6 @@ class RayEngine:
         seeds its trajectories have on the local engine; a chunk whose worker dies runs
         again on its replacement."""
         spans = chunks(len(samples), len(self.rollout_workers))
-        self.restarts_left = self.config.ray.max_restarts
 
         async def run(index: int, start: int, end: int) -> tuple[list[Any], Any, dict[str, float]]:
             chunk_config = rollout_config.model_copy(deep=True)
@@ -321,7 +322,6 @@ class RayEngine:
         (a Ray streaming generator), so the trajectories are :meth:`rollout`'s. A worker that
         dies is replaced and runs its chunk again; the groups it had sent are not sent twice."""
         spans = chunks(len(samples), len(self.rollout_workers))
-        self.restarts_left = self.config.ray.max_restarts
         out: asyncio.Queue[Any] = asyncio.Queue()
 
         async def stream(index: int, start: int, end: int) -> None:
@@ -375,7 +375,7 @@ class RayEngine:
 
     def _spend_restart(self, index: int, exc: Exception) -> None:
         """Count the replacement of dead rollout worker ``index`` against this step's
-        ``ray.max_restarts`` (rollout and weight push together), or fail the step."""
+        ``ray.max_restarts`` (every rollout and weight push since the last update), or fail the step."""
         if self.restarts_left == 0:
             raise RLFactoryError(
                 f"rollout worker {index} died and the {self.config.ray.max_restarts} replacement(s) a step that "
@@ -402,6 +402,7 @@ class RayEngine:
         if trainer_logprobs is not None:  # the engine protocol: as the local engine's update leaves it
             batch["trainer_logprobs"] = trainer_logprobs
         self.policy_version += 1
+        self.restarts_left = self.config.ray.max_restarts  # a new step's window
         return stats
 
     async def supervised_update(self, batch: Any) -> dict[str, float]:
