@@ -20,9 +20,11 @@ Workloads:
 * ``latency``: deepsearch against ``rlf retriever serve`` over HTTP (``HTTPRetriever``), behind
   a proxy that holds each request ``--latency`` seconds (uniform in the range): the rollout waits.
 
-Core splits (``--split``): ``shared`` (every phase on every core: vLLM's worker bound to all of
-them, torch's default threads for the update), or ``split`` (vLLM's worker on the first core,
-``VLLM_CPU_OMP_THREADS_BIND``, the update on one thread, ``train.threads=1``).
+Core splits (``MODE:SPLIT`` in ``--arms``): ``shared`` (every phase on every core: vLLM's worker
+bound to all of them, torch's default threads for the update), ``split`` (vLLM's worker on the
+first core, ``VLLM_CPU_OMP_THREADS_BIND``, the update on one thread, ``train.threads=1``), or
+``auto`` (nothing set: what a run does by itself; an overlapping schedule splits the cores,
+:func:`rlfactory_core.engines.local.overlap_core_split`).
 
     .venv/bin/python bench/async_modes.py --workload compute      # ~15 min on 2 cores
     .venv/bin/python bench/async_modes.py --workload latency      # ~15 min
@@ -155,6 +157,8 @@ def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], w
     if split == "split":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
         overrides.append("train.threads=1")
+    elif split == "shared":  # every core for each phase (for overlapping modes, the user's choice over the auto split)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     argv = [sys.executable, "-m", "rlfactory_cli", "train", "--run-dir", str(run_dir), *extra, *overrides]
     started = time.time()
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
@@ -177,7 +181,7 @@ def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], w
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="compute")
-    parser.add_argument("--arms", nargs="+", default=["sync:shared", "one_step_off:shared", "one_step_off:split"],
+    parser.add_argument("--arms", nargs="+", default=["sync:auto", "one_step_off:auto", "async:auto"],
                         help="MODE:SPLIT, the first a sync arm (the baseline and the bound's source)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=4)

@@ -268,16 +268,29 @@ def step_started(run: Run, step: int) -> None:
 
 
 def _shared_cores_warning(config: RunConfig) -> str | None:
-    """An overlapping schedule on a few CPU cores, everything in this process: the rollout and
-    the update share them (measured slower than sync when both compute: bench/README.md)."""
+    """How an overlapping schedule shares a few CPU cores, everything in this process: split
+    (:func:`rlfactory_core.engines.local.overlap_core_split`), or a warning that both phases
+    run on the same cores (measured slower than sync where both compute: bench/README.md)."""
+    from .engines.local import overlap_core_split
+
     if config.train.mode == "sync" or config.engine != "local" or training_device(config).type != "cpu":
         return None
+    split = overlap_core_split(config)
+    if split is not None:
+        return (f"train.mode={config.train.mode} on {sum(map(len, split))} CPU cores: vLLM's worker on "
+                f"{_cores(split[0])}, the update on {_cores(split[1])}, so they overlap without oversubscribing "
+                f"(set train.threads or VLLM_CPU_OMP_THREADS_BIND to choose); where both phases compute, "
+                f"overlap gains nothing on a CPU (bench/README.md, async_modes)")
     cores = len(os.sched_getaffinity(0))
     if cores > 4:
         return None
     return (f"train.mode={config.train.mode} overlaps rollout and training, but both run on the same {cores} CPU "
             f"core(s) here; it pays off when the rollout waits (tools, servers, judges), and was slower than "
             f"train.mode=sync where both phases compute (bench/README.md, async_modes)")
+
+
+def _cores(cpus: Sequence[int]) -> str:
+    return f"core{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus))}"
 
 
 def _announce(console: Any, config: RunConfig, run_dir: Path, checkpoint: Path | None) -> None:

@@ -118,3 +118,21 @@ def test_schedule_combinations_that_cannot_work_are_reported_together():
     assert not [p for p in problems if p.startswith(("train.", "ray."))]
     _, problems = preflight(overrides=["train.mode=overlapped"])
     assert any(p.startswith("train.mode") for p in problems)
+
+
+def test_an_overlapping_schedule_splits_the_cpu_cores_between_vllm_and_the_update(monkeypatch):
+    from rlfactory_core.engines.local import overlap_core_split
+
+    cores = sorted(os.sched_getaffinity(0))
+    overlapping = load_config([], ["train.mode=async", "grpo.tis_cap=2", "backend=vllm", "train.device=cpu"])
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    expected = (cores[:len(cores) // 2], cores[len(cores) // 2:]) if len(cores) >= 2 else None
+    assert overlap_core_split(overlapping) == expected
+    # nothing to split, or the user chose
+    for overrides in (["train.mode=sync"], ["backend=hf"], ["train.threads=1"]):
+        changed = load_config([], ["train.mode=async", "grpo.tis_cap=2", "backend=vllm", "train.device=cpu",
+                                   *overrides])
+        assert overlap_core_split(changed) is None, overrides
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    assert overlap_core_split(overlapping) is None

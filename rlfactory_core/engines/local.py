@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
@@ -23,7 +24,7 @@ from ..training.policy import (attn_implementation, build_optimizer, load_policy
 from ..training.update import update_policy
 from .base import RolloutGroup, RolloutResult, resumed_version
 
-__all__ = ["LocalEngine", "LocalRollout", "backend_for"]
+__all__ = ["LocalEngine", "LocalRollout", "backend_for", "overlap_core_split"]
 
 
 def backend_for(config: RunConfig, model_path: Path | str) -> Any:
@@ -38,6 +39,26 @@ def backend_for(config: RunConfig, model_path: Path | str) -> Any:
         raise ConfigError([f"backend_options: the {name!r} backend does not take these options "
                            f"({one_line(exc)})"], hint="vllm takes max_num_seqs, kv_cache_gib, ...; hf takes "
                                                     "max_batch_size, dtype, device") from exc
+
+
+def overlap_core_split(config: RunConfig) -> tuple[list[int], list[int]] | None:
+    """``(rollout cores, update cores)`` for an overlapping schedule (``train.mode`` other than
+    sync) on the local engine on a CPU with vLLM: the first half of this process's cores for
+    vLLM's worker, the rest for the update (its threads and its thread's affinity). Both on
+    every core oversubscribed them: 0.56-0.68x of sync, against 0.85-1.00x split
+    (bench/README.md, ``bench/async_modes.py``). None when there is nothing to split (sync, a
+    GPU, one core, the hf backend) or the user chose (``train.threads``, vLLM's binding variables)."""
+    import torch
+
+    from ..rollout.backends.vllm_cpu import BINDING_VARIABLES
+
+    cores = sorted(os.sched_getaffinity(0))
+    if config.train.mode == "sync" or config.backend == "hf" or config.train.threads or len(cores) < 2 \
+            or any(name in os.environ for name in BINDING_VARIABLES) \
+            or training_device(config).type != "cpu" or torch.cuda.is_available():
+        return None
+    half = len(cores) // 2
+    return cores[:half], cores[half:]
 
 
 class LocalRollout:
@@ -134,7 +155,19 @@ class LocalEngine:
         if checkpoint is not None:
             state = load_checkpoint(checkpoint, optimizer=self.optimizer, scheduler=self.scheduler)
         self.policy_version = resumed_version(state)
-        self.generation = await LocalRollout.open(config, self.task, model_path, self.tokenizer, self.processor)
+        import torch
+
+        from ..rollout.backends.vllm_cpu import environment
+
+        split = overlap_core_split(config)
+        binding = {}
+        if split is not None:  # rollout and update side by side: each its own cores, not both on all
+            rollout_cpus, train_cpus = split
+            binding = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, rollout_cpus))}
+            torch.set_num_threads(len(train_cpus))
+            await self._on_train_thread(os.sched_setaffinity, 0, train_cpus)  # this thread (Linux: per thread)
+        with environment(binding):
+            self.generation = await LocalRollout.open(config, self.task, model_path, self.tokenizer, self.processor)
         self.backend = self.generation.backend
         self.backend.weight_version = self.policy_version
         return state
