@@ -125,6 +125,23 @@ def test_from_the_runs_list_to_a_trajectory_whose_token_colours_are_its_loss_mas
     assert after[0] == "rgb(248, 248, 248)"  # a prompt token: no logprobs to compare
     assert not set(after) & set(colours.values())
 
+    # the policy-version colour: each sampled token by how many versions older than the sequence's
+    # newest it is (an asynchronous run's stale tokens); this run's tokens are all of one version
+    Select(browser.find_element(By.ID, "colour-mode")).select_by_value("version")
+    by_version = browser.execute_script(
+        "return [...document.querySelectorAll('#tokens .tok')].map(t => getComputedStyle(t).backgroundColor)")
+    newest, none = "rgb(190, 215, 245)", "rgb(248, 248, 248)"
+    assert [c for c, v in zip(by_version, recorded["policy_version"]) if v >= 0] == [newest] * sum(
+        v >= 0 for v in recorded["policy_version"]) and by_version[0] == none
+    assert "1 version older" in page_text(browser, "#legend")
+    ages = browser.execute_script(
+        "const s = {token_ids: [1, 2, 3, 4, 5], pieces: ['a', 'b', 'c', 'd', 'e'], segment: [0, 1, 1, 1, 1],"
+        " loss_mask: [0, 1, 1, 1, 1], policy_version: [-1, 7, 6, 5, 2]};"
+        "const box = tokenView(s, 'version'); document.body.append(box);"
+        "const out = [...box.querySelectorAll('.tok')].map(t => getComputedStyle(t).backgroundColor);"
+        "box.remove(); return out;")
+    assert ages == [none, newest, "rgb(250, 215, 160)", "rgb(240, 165, 120)", "rgb(215, 120, 120)"]
+
 
 def test_a_run_made_before_records_and_a_damaged_run_still_open(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")

@@ -298,12 +298,7 @@ class RayEngine:
                 except ray.exceptions.RayTaskError as exc:  # raised in the worker: not a lost worker
                     raise _failure(f"rollout worker {index}", exc) from None
                 except ray.exceptions.RayActorError as exc:
-                    self._spend_restart(index, exc)
-                    self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and running its "
-                              f"{end - start} prompt(s) again")
-                    with contextlib.suppress(Exception):
-                        ray.kill(worker)
-                    await self._start_rollout_worker(index)
+                    await self._replace_rollout_worker(index, worker, exc, f"running its {end - start} prompt(s) again")
 
         parts = await asyncio.gather(*(run(i, s, e) for i, (s, e) in enumerate(spans)))
         for (start, _), part in zip(spans, parts):
@@ -345,12 +340,9 @@ class RayEngine:
                 except ray.exceptions.RayTaskError as exc:
                     raise _failure(f"rollout worker {index}", exc) from None
                 except ray.exceptions.RayActorError as exc:
-                    self._spend_restart(index, exc)
-                    self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and running its "
-                              f"{end - start - len(sent)} unfinished prompt(s) again")
-                    with contextlib.suppress(Exception):
-                        ray.kill(worker)
-                    await self._start_rollout_worker(index)
+                    await self._replace_rollout_worker(
+                        index, worker, exc, f"running its {end - start} prompt(s) again (the {len(sent)} group(s) "
+                                            f"it had sent are not sent twice)")
                 finally:
                     with contextlib.suppress(Exception):
                         ray.cancel(generator)
@@ -372,6 +364,14 @@ class RayEngine:
         finally:
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
+
+    async def _replace_rollout_worker(self, index: int, worker: Any, exc: Exception, then: str) -> None:
+        """Dead rollout worker ``index`` replaced (counted against ``ray.max_restarts``), saying so."""
+        self._spend_restart(index, exc)
+        self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and {then}")
+        with contextlib.suppress(Exception):
+            ray.kill(worker)
+        await self._start_rollout_worker(index)
 
     def _spend_restart(self, index: int, exc: Exception) -> None:
         """Count the replacement of dead rollout worker ``index`` against this step's

@@ -350,6 +350,13 @@ const COLOUR_MODES = {
               : diverging(-(1 - Math.exp(s.sampler_logprob[i])), 1),
             legend: [["rgb(255, 255, 255)", "p = 1"], [diverging(-1, 1), "p → 0"], [NONE, "not sampled"]]},
 };
+// a token's policy version against the newest in its sequence: how stale it was when trained
+const VERSION_COLOURS = ["rgb(190, 215, 245)", "rgb(250, 215, 160)", "rgb(240, 165, 120)", "rgb(215, 120, 120)"];
+COLOUR_MODES.version = {label: "policy version (staleness)",
+  colour: (s, i, scale) => s.policy_version[i] === null || s.policy_version[i] === undefined || s.policy_version[i] < 0
+    ? NONE : VERSION_COLOURS[Math.min(scale.newest - s.policy_version[i], VERSION_COLOURS.length - 1)],
+  legend: [[VERSION_COLOURS[0], "the sequence's newest version"], [VERSION_COLOURS[1], "1 version older"],
+           [VERSION_COLOURS[2], "2 older"], [VERSION_COLOURS[3], "3 or more older"], [NONE, "not sampled"]]};
 const SEGMENTS = ["prompt", "model", "observation"];
 
 function tokenView(sequence, mode) {
@@ -361,7 +368,9 @@ function tokenView(sequence, mode) {
     for (const v of values) if (v !== null && v !== undefined && Math.abs(v) > most) most = Math.abs(v);
     return most;
   };
-  const scale = {advantage: maxAbs(sequence.advantage),
+  let newest = -1;
+  for (const v of sequence.policy_version) if (v !== null && v > newest) newest = v;
+  const scale = {advantage: maxAbs(sequence.advantage), newest,
                  drift: maxAbs(sequence.trainer_logprob.map((t, i) => t === null || sequence.sampler_logprob[i] === null ? null : t - sequence.sampler_logprob[i]))};
   const box = h("div", {class: "tokens", id: "tokens"});
   const spans = [];
