@@ -6,13 +6,13 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from .config import RunConfig
 from .errors import ConfigError, RLFactoryError, one_line
 from .interfaces import accepts, member
 
-__all__ = ["read_jsonl_samples", "load_samples", "batch_indices", "indices_at"]
+__all__ = ["read_jsonl_samples", "load_samples", "batch_indices", "indices_at", "untrained_positions"]
 
 
 def read_jsonl_samples(path: str | os.PathLike[str], id_prefix: str) -> list[dict[str, Any]]:
@@ -62,6 +62,18 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
         raise ConfigError([f"data: the {config.env!r} env cannot give its {split!r} split ({one_line(exc)})"],
                           hint="`rlf eval --split` takes the env's splits (train, test); or give JSONL files "
                                "(data.train_file, data.eval_file)") from exc
+
+
+def untrained_positions(start: int, count: int, trained: Collection[int] = ()) -> list[int]:
+    """The next ``count`` data positions from ``start`` that are not in ``trained`` (prompts an
+    asynchronous schedule trained ahead of one still in flight: a resumed run, in any mode,
+    skips them)."""
+    positions: list[int] = []
+    while len(positions) < count:
+        if start not in trained:
+            positions.append(start)
+        start += 1
+    return positions
 
 
 def indices_at(num_samples: int, positions: Sequence[int], seed: int, shuffle: bool = True) -> list[int]:

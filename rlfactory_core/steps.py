@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .config import RunConfig
-from .data import batch_indices
+from .data import indices_at, untrained_positions
 from .engines import rollout_config_for
 from .evaluation import eval_summary, tool_metrics
 from .records import trajectory_records, write_records
@@ -91,21 +91,23 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
         run.view.phase("rollout")  # a rollout ahead runs behind the phase in progress
     assembler = BatchAssembler(g.prompts_per_step, group_filters(config))
     samples: list[Any] = []
+    positions: list[int] = []
     times: dict[str, float] = {}
     for attempt in range(1 + (g.max_extra_rollouts if g.dynamic_sampling else 0)):
         if not assembler.needed:
             break
         count = g.prompts_per_step if attempt == 0 else assembler.needed
-        indices = batch_indices(len(run.train_samples), count, config.train.seed, position + len(samples),
-                                shuffle=config.data.shuffle)
+        taken = untrained_positions(positions[-1] + 1 if positions else position, count, run.trained_ahead)
+        indices = indices_at(len(run.train_samples), taken, config.train.seed, shuffle=config.data.shuffle)
         batch_samples = [run.train_samples[i] for i in indices]
+        positions += taken
         result = await run.engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),
                                           group_size=g.group_size, rewards="train")
         assembler.add(result.trajectories, with_overlong_penalty(result.trajectories, result.scored, config))
         samples += batch_samples
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
-    return StepRollout(assembler.assemble(), samples, times, list(range(position, position + len(samples))))
+    return StepRollout(assembler.assemble(), samples, times, positions)
 
 
 async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:

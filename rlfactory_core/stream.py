@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data import indices_at
+from .data import indices_at, untrained_positions
 from .engines import rollout_config_for
 from .rewards import ScoredBatch
 from .run import Run
@@ -62,8 +62,7 @@ class GroupStream:
         self.run, self.first, self.last, self.max_staleness = run, first, last, max_staleness
         self.first_version = run.engine.policy_version  # V(first): the weights step ``first`` trains
         self.synced = run.engine.policy_version  # the version the generation backends hold
-        self.cursor = run.position  # the next data position to roll out
-        self.skip = set(run.trained_ahead)  # positions a resumed run trained already
+        self.cursor = run.position  # the next data position to roll out (past run.trained_ahead's)
         self.steps: dict[int, _Step] = {}
         self.next_step = first  # the next step whose first chunk has not started
         self.tasks: set[asyncio.Task[None]] = set()
@@ -116,7 +115,8 @@ class GroupStream:
         return bool(state.assembler.needed) and g.dynamic_sampling and state.attempts <= g.max_extra_rollouts
 
     def _start(self, step: int, state: _Step, count: int) -> None:
-        positions = self._take(count)
+        positions = untrained_positions(self.cursor, count, self.run.trained_ahead)
+        self.cursor = positions[-1] + 1
         config = self.run.config
         samples = [self.run.train_samples[i] for i in indices_at(
             len(self.run.train_samples), positions, config.train.seed, shuffle=config.data.shuffle)]
@@ -126,14 +126,6 @@ class GroupStream:
         task = asyncio.ensure_future(self._chunk(step, state, samples, attempt))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-
-    def _take(self, count: int) -> list[int]:
-        positions: list[int] = []
-        while len(positions) < count:
-            if self.cursor not in self.skip:
-                positions.append(self.cursor)
-            self.cursor += 1
-        return positions
 
     async def _chunk(self, step: int, state: _Step, samples: list[Any], attempt: int) -> None:
         config = self.run.config

@@ -157,10 +157,11 @@ def test_a_stop_drops_the_chunks_in_flight_and_a_resume_trains_each_prompt_once(
     assert [s for step in range(1, 6) for s in records[step]["samples"]] == _expected_samples(run_dir, 5)
 
 
-def test_prompts_trained_ahead_of_one_in_flight_are_not_trained_again(tmp_path, tiny_model_dir):
+def test_the_data_position_passes_prompts_only_once_all_before_them_are_trained():
     """A dynamic-sampling attempt of step k takes prompts after step k+1's first chunk: when
     the run stops with step k+1 untrained, the checkpoint keeps the data position before it
-    and the prompts trained past it, so a resumed run rolls out the one and skips the other."""
+    and the prompts trained past it."""
+    from rlfactory_core.data import indices_at, untrained_positions
     from rlfactory_core.run import Run
 
     run = Run.__new__(Run)
@@ -169,20 +170,35 @@ def test_prompts_trained_ahead_of_one_in_flight_are_not_trained_again(tmp_path, 
     assert (run.position, run.trained_ahead) == (2, {4, 5})
     run.mark_trained([2, 3])
     assert (run.position, run.trained_ahead) == (6, set())
-
-    from rlfactory_core.stream import GroupStream
-
-    class Engine:
-        policy_version = 0
-
-    run.position, run.trained_ahead, run.engine = 2, {4, 5}, Engine()
-    run.config = load_config([], ["train.mode=async", "grpo.tis_cap=2", "grpo.prompts_per_step=2"])
-    stream = GroupStream(run, 2, 3, 1)
-    assert stream._take(2) == [2, 3] and stream._take(2) == [6, 7]
-    from rlfactory_core.data import indices_at
-
+    assert untrained_positions(2, 4, {4, 5}) == [2, 3, 6, 7]
     assert indices_at(10, [2, 3, 6, 7], seed=0) == batch_indices(10, 2, 0, 2) + batch_indices(10, 2, 0, 6)
     assert indices_at(10, list(range(2, 14)), seed=0) == batch_indices(10, 12, 0, 2)  # across an epoch
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+def test_a_resumed_run_in_any_mode_skips_the_prompts_its_checkpoint_trained_ahead(tmp_path, tiny_model_dir, mode):
+    """A checkpoint with ``trained_ahead`` (an async run stopped with a later prompt trained
+    before an earlier one), resumed in any mode: the untrained prompt is rolled out, the
+    trained one is not trained twice."""
+    from rlfactory_core.testing import train
+
+    run_dir = tmp_path / "run"
+    config = load_config([], [*TINY, "train.max_staleness=1", "train.steps=1", f"model.name={tiny_model_dir}",
+                              f"run_dir={run_dir}"])
+    train(config)
+    state_file = latest_checkpoint(run_dir) / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["position"] == 2
+    state["trained_ahead"] = [3]  # as if position 3 had been trained with step 1, position 2 not
+    state_file.write_text(json.dumps(state))
+    resumed = config.model_copy(deep=True)
+    resumed.train.mode, resumed.train.steps = mode, 3
+    train(resumed, resume=run_dir)
+    trained = [s for r in read_metrics(run_dir) if r["step"] >= 1 for s in r["samples"]]
+    ids = _expected_samples(run_dir, 4)  # the data order, positions 0-7
+    assert trained == ids[0:2] + [ids[2], ids[4], ids[5], ids[6]]  # position 3 skipped, none twice
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert (state["position"], state.get("trained_ahead")) == (7, None)
 
 
 def test_async_needs_a_cap_when_tokens_can_be_stale():

@@ -442,7 +442,8 @@ async def test_update_weights_changes_the_policy_and_restores_it(backend, tokeni
     in_flight = asyncio.create_task(backend.generate(prompt, sampling))
     await asyncio.sleep(0)
     pause = await backend.update_weights(perturbed.state_dict().items())
-    assert pause > 0  # the seconds the engine held new requests (logged as weight_sync/pause_s)
+    # a measured pause, not the 0.0 of an update with nothing to load (no bound on its length: speed is bench/)
+    assert isinstance(pause, float) and pause > 0
     finished_before = await in_flight
     assert finished_before.token_ids == original.token_ids
     # each generation reports the weight version that sampled it: the update made the next one
