@@ -179,6 +179,11 @@ class TrainSection(_Section):
     max_staleness: int = _field(
         1, "modes other than sync: how many policy versions older than the trainer's a trained token's "
            "sampler may be", ge=0)
+    weight_push: Literal["auto", "changed", "all"] = _field(
+        "auto", "what each weight sync sends the generation backends: changed = only the tensors whose value "
+                "in the sampler's dtype changed (keeps one copy of the sent weights), all = every tensor, "
+                "auto = changed for LoRA (only the adapted modules change), all otherwise (AdamW moves every "
+                "tensor each step: bench/README.md); the ray engine sends all")
 
 
 class DataSection(_Section):
@@ -310,6 +315,11 @@ class RunConfig(_Section):
             if self.model.lora.enabled:
                 raise ValueError("model.lora.enabled: the ray engine trains all weights (FSDP2); "
                                  "use engine=local for LoRA")
+            if self.train.weight_push == "changed":
+                # measured (bench/weight_sync.py): a full AdamW step moves every tensor, so there
+                # is nothing to leave out, and rank 0 would hold a second copy of the model
+                raise ValueError("train.weight_push: changed saves nothing on the ray engine, which trains all "
+                                 "weights (each step changes every tensor); use all or auto")
             if self.ray.trainer.workers < 1 or self.ray.rollout.workers < 1:
                 raise ValueError("ray.trainer.workers and ray.rollout.workers must be at least 1")
             names = {r.name for r in [*self.rewards, *(self.eval.rewards or [])]}

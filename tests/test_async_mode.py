@@ -210,3 +210,110 @@ def test_async_needs_a_cap_when_tokens_can_be_stale():
     assert not any(p.startswith("grpo.tis_cap") for p in problems)
     _, problems = preflight(overrides=["train.mode=async", "grpo.tis_cap=2", "engine=ray"])
     assert any(p.startswith("ray.placement: colocated") for p in problems)
+
+
+class ShortOrLong(ScriptedBackend):
+    """Half the trajectories (by seed) answer at once, one turn; the others call the calculator
+    first, two turns and several times the tokens, and their answer waits (up to a second and
+    a half) for the next weight push: a push lands inside every long trajectory of a step
+    rolled out ahead, whatever the machine's speed."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, [])
+
+    async def generate(self, prompt_ids, sampling, **options):
+        question = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=True).rsplit("What is ", 1)[1]
+        expression = re.match(r"(\d+[-+*]\d+)\?", question).group(1)
+        long = random.Random(sampling.seed).random() < 0.5
+        if long and "calculator" in question:  # the answer turn
+            version = self.weight_version
+            for _ in range(75):
+                if self.weight_version != version:
+                    break
+                await asyncio.sleep(0.02)
+        if long and "calculator" not in question:
+            reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "' + expression + '"}}\n</tool_call>'
+        else:
+            reply = f"The answer is {eval(expression)}."  # noqa: S307
+        self.script = [reply] * (len(self.prompts) + 1)
+        return await super().generate(prompt_ids, sampling, **options)
+
+
+def test_the_length_metrics_flag_a_schedule_that_drops_groups_a_push_landed_in(tmp_path, tiny_model_dir,
+                                                                                monkeypatch):
+    """A test-only arm: an abort-at-push rule (drop every group a weight push landed in) drops
+    the long trajectories most, and ``batch/trained_*`` falls below ``batch/generated_*``;
+    our schedule trains every group it generated, and they agree."""
+    from rlfactory_core import stream
+    from rlfactory_core.models import load_tokenizer
+    from rlfactory_core.testing import scripted_backend, train
+
+    def one_version_each(trajectories, totals):
+        return all(len({s.policy_version for s in t.segments if s.kind == "model"}) == 1 for t in trajectories)
+
+    settings = [*TINY, "train.max_staleness=2", "train.steps=6", "grpo.prompts_per_step=4",
+                "rollout.max_tokens_per_turn=48", f"model.name={tiny_model_dir}"]
+    runs = {}
+    # the drop arm's filter replaces dynamic sampling's (the rewards never vary here); its extra
+    # rollouts make up for the groups dropped, as a schedule that drops would
+    for arm, extra in (("ours", []), ("drop", ["grpo.dynamic_sampling=true", "grpo.max_extra_rollouts=2"])):
+        if arm == "drop":
+            monkeypatch.setattr(stream, "group_filters", lambda config: [one_version_each])
+        with scripted_backend(lambda path: ShortOrLong(load_tokenizer(path))):
+            train(load_config([], [*settings, *extra, f"run_dir={tmp_path / arm}"]))
+        runs[arm] = {r["step"]: r for r in read_metrics(tmp_path / arm) if r["step"] >= 1}
+
+    for record in runs["ours"].values():
+        assert record["batch/trained_turns_mean"] == record["batch/generated_turns_mean"]
+        assert record["batch/trained_tokens_mean"] == record["batch/generated_tokens_mean"]
+    assert max(r["staleness/max"] for r in runs["ours"].values()) >= 1  # pushes did land during rollouts
+    drop = runs["drop"].values()
+    assert sum(r["batch/groups_kept"] for r in drop) < sum(r["batch/groups_sampled"] for r in drop)
+    biased = [r for r in drop if r["batch/trained_turns_mean"] < 0.95 * r["batch/generated_turns_mean"]]
+    assert biased, [(r["batch/trained_turns_mean"], r["batch/generated_turns_mean"]) for r in drop]
+    assert all(r["batch/trained_tokens_mean"] < r["batch/generated_tokens_mean"] for r in biased)
+
+
+_KILLED_AT_THIRD_UPDATE = """
+import os, signal, sys
+from rlfactory_core.config import load_config
+from rlfactory_core.engines import local
+from rlfactory_core.testing import train
+
+real, calls = local.update_policy, []
+
+def update_then_die(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 3:  # step 3's update, steps 4 and 5 rolling out ahead: no chance to save anything
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+
+local.update_policy = update_then_die
+train(load_config([], sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_outright_resumes_from_its_checkpoint_training_each_prompt_once(tmp_path, tiny_model_dir):
+    """SIGKILL (no handler runs, nothing is saved) in the middle of an async run with steps in
+    flight: the resume starts at the last checkpoint, whose data position counts only trained
+    prompts, and the run's log holds every step once with each prompt trained once."""
+    import subprocess
+    import sys
+
+    from rlfactory_core.testing import train
+
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, "train.max_staleness=2", "train.steps=5", "checkpoint.every=1", f"model.name={tiny_model_dir}",
+                 f"run_dir={run_dir}"]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AT_THIRD_UPDATE, *overrides], capture_output=True,
+                            text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-2000:]
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert (state["step"], state["position"]) == (2, 4)
+    train(load_config([], overrides), resume=run_dir)
+    records = [r for r in read_metrics(run_dir) if r["step"] >= 1]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [s for r in records for s in r["samples"]] == _expected_samples(run_dir, 5)
+    stored = RunRecords(run_dir)  # the trajectories recorded: each step's once, none from the killed step
+    assert all(sorted(r["sample_id"] for r in stored.list("train", record["step"])) ==
+               sorted(record["samples"] * 2) for record in records)

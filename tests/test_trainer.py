@@ -514,6 +514,10 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     backends = []
     make_backend = backend_for
     monkeypatch.setattr(local_engine, "backend_for", lambda *a, **kw: backends.append(make_backend(*a, **kw)) or backends[-1])
+    trainer_weights = []  # what each push compared: the policy with its adapters merged
+    merged_weights = local_engine.weights_for_backend
+    monkeypatch.setattr(local_engine, "weights_for_backend",
+                        lambda policy: trainer_weights.append(dict(merged_weights(policy))) or trainer_weights[-1].items())
     run_dir = tmp_path / "run"
     # a tiny random model earns equal rewards (no advantage): the entropy bonus still moves the adapters
     lora = ["model.lora.enabled=true", "model.lora.r=4", "train.lr=1e-3", "grpo.kl_coef=0.05", "eval.every=0",
@@ -533,6 +537,12 @@ def test_a_lora_run_trains_adapters_syncs_merged_weights_and_resumes(tmp_path, m
     # the generation backend got the same merged weights in place after the last step
     served = backends[0]._model.state_dict()
     assert torch.allclose(served[name].float(), merged[name].float(), atol=1e-5)
+    # LoRA pushes only what changed (train.weight_push=auto): the first push everything, the
+    # second the adapted modules; the sampler then holds the trainer's weights bit for bit
+    assert records[1]["weight_sync/sent_share"] == 1.0 and 0 < records[2]["weight_sync/sent_share"] < 1
+    assert set(trainer_weights[-1]) == set(served)
+    for key, tensor in trainer_weights[-1].items():
+        assert torch.equal(served[key], tensor.to(served[key].dtype)), key
 
     train(load_config([run_dir / "config.yaml"], ["train.steps=3"]), resume=run_dir)
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]

@@ -468,6 +468,39 @@ async def test_update_weights_changes_the_policy_and_restores_it(backend, tokeni
     assert set(staged_weight_dirs()) <= already_there, "the staged weight files are removed"
 
 
+async def test_a_partial_push_changes_only_the_layers_it_sends(backend, tokenizer, hf_model):
+    """``train.weight_push=changed`` sends whole decoder layers: layer 1 replaced (into the
+    fused qkv_proj and gate_up_proj), every other weight kept; part of a layer is refused
+    (vLLM would rebuild the layer with the rest uninitialised: q_proj alone left k and v
+    garbage); an empty push only moves the version."""
+    prompt = chat(tokenizer, ATLAS + " " + CAPITAL)
+    sampling = SamplingParams(temperature=0, max_tokens=24)
+    version = backend.weight_version
+    await backend.update_weights(hf_model.state_dict().items(), version=version + 1)  # the whole model first
+    perturbed = perturbed_copy(hf_model, seed=1, scale=0.2).state_dict()
+    layer = {name: tensor for name, tensor in perturbed.items() if name.startswith("model.layers.1.")}
+    assert len(layer) == 9  # q, k, v, o, gate, up, down, two norms
+    expected = copy.deepcopy(hf_model)  # the original with only layer 1 perturbed
+    expected.load_state_dict(layer, strict=False)
+
+    with pytest.raises(ModelError, match=r"model.layers.1 is sent in part \(8 of its weights missing"):
+        await backend.update_weights([("model.layers.1.self_attn.q_proj.weight", layer["model.layers.1.self_attn.q_proj.weight"])])
+    assert backend.weight_version == version + 1
+    await backend.update_weights(layer.items(), version=version + 2)
+    partial = await backend.generate(prompt, sampling)
+    assert partial.policy_version == version + 2
+    assert_logprobs_close(partial, hf_logprobs(expected, prompt, partial.token_ids))
+    unchanged = hf_logprobs(hf_model, prompt, partial.token_ids)
+    assert (torch.tensor(partial.logprobs) - unchanged).abs().max().item() > 10 * LOGPROB_TOL
+
+    assert await backend.update_weights([], version=version + 3) == 0.0
+    same = await backend.generate(prompt, sampling)
+    assert same.policy_version == version + 3 and same.token_ids == partial.token_ids
+    await backend.update_weights([(name, hf_model.state_dict()[name]) for name in layer], version=version + 4)
+    restored = await backend.generate(prompt, sampling)
+    assert_logprobs_close(restored, hf_logprobs(hf_model, prompt, restored.token_ids))
+
+
 async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokenizer):
     """The agent loop end to end on vLLM: the default model, the qwen3 parser, the built-in
     calculator through the concurrent tool manager, the arithmetic env's two questions."""

@@ -22,6 +22,7 @@ from ..threads import DaemonThreadPool
 from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
                                return_freed_memory, training_device, use_packing, weights_for_backend)
 from ..training.update import update_policy
+from ..training.weight_push import ChangedWeights, pushes_changed_only
 from .base import RolloutGroup, RolloutResult, resumed_version
 
 __all__ = ["LocalEngine", "LocalRollout", "backend_for", "overlap_core_split"]
@@ -170,6 +171,8 @@ class LocalEngine:
             self.generation = await LocalRollout.open(config, self.task, model_path, self.tokenizer, self.processor)
         self.backend = self.generation.backend
         self.backend.weight_version = self.policy_version
+        self.pushed = ChangedWeights(getattr(self.backend, "weight_dtype", None)) \
+            if pushes_changed_only(config) else None
         return state
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -205,8 +208,14 @@ class LocalEngine:
         return stats
 
     async def sync_weights(self) -> dict[str, float]:
-        pause = await self.backend.update_weights(weights_for_backend(self.policy), version=self.policy_version)
-        return {} if pause is None else {"weight_sync/pause_s": float(pause)}
+        def changed() -> tuple[list[tuple[str, Any]], dict[str, float]]:
+            weights = weights_for_backend(self.policy)
+            return (weights, {}) if self.pushed is None else self.pushed.select(weights)
+
+        # on the training thread: LoRA merges into the policy, and the comparison takes a while
+        weights, metrics = await self._on_train_thread(changed)
+        pause = await self.backend.update_weights(weights, version=self.policy_version)
+        return metrics if pause is None else {**metrics, "weight_sync/pause_s": float(pause)}
 
     async def save(self, run_dir: Path, step: int, *, state: dict[str, Any], tokenizer: Any) -> None:
         from ..training.checkpoint import save_checkpoint

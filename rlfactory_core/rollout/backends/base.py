@@ -37,6 +37,7 @@ __all__ = [
     "Backend",
     "FinishReason",
     "GREEDY_TEMPERATURE",
+    "load_unit",
 ]
 
 #: Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``): dividing by them would
@@ -123,13 +124,34 @@ class Backend(Protocol):
     """The version of the weights new requests are sampled by (settable before serving: a
     resumed run's backend starts from its checkpoint's version)."""
 
+    weight_dtype: Any
+    """Optional: the ``torch.dtype`` the backend holds its weights in. The engines compare
+    pushes in it (:mod:`rlfactory_core.training.weight_push`); without it, in the trainer's."""
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]],
                              version: int | None = None) -> float | None:
         """Load new weights (``(name, tensor)`` pairs named as in the HF checkpoint) without
-        restarting; they are ``version`` (default: ``weight_version + 1``). Requests the
-        backend is working on finish first, on the old version (see the module docstring);
+        restarting; they are ``version`` (default: ``weight_version + 1``). The pairs may be
+        a subset of whole load units (:func:`load_unit`: vLLM refuses part of a layer): the
+        weights not named keep their values (an empty push only moves the version). Requests
+        the backend is working on finish first, on the old version (see the module docstring);
         later ones use the new weights. Returns the pause it caused: the seconds during which
         no new request could start (None: not measured)."""
 
     async def close(self) -> None:
         """Stop the backend and free its memory. Idempotent."""
+
+
+def load_unit(name: str) -> str:
+    """The weights that travel together with ``name``: its whole decoder layer (the name up to
+    its first numeric part: ``model.layers.3``), else its module (``model.embed_tokens``).
+
+    vLLM reloads weights layer by layer: a layer that gets some of its weights is rebuilt
+    from those alone, the rest left uninitialised (q_proj alone in the fused qkv_proj left k
+    and v as garbage: ``tests/test_vllm_backend.py``). Fused modules (qkv, gate_up, a
+    mixture's experts) never span decoder layers, so a whole layer is always complete."""
+    parts = name.split(".")
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:index + 1])
+    return ".".join(parts[:-1])

@@ -235,6 +235,11 @@ class HFBackend:
         return await request.future
 
     @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the model's weights are held in (pushes are compared in it)."""
+        return self._model.dtype
+
+    @property
     def weight_version(self) -> int:
         """The version of the weights new requests are sampled by (see :mod:`.base`)."""
         return self._weight_version

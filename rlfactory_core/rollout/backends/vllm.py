@@ -98,7 +98,7 @@ from typing import Any, Iterable, Sequence
 
 from ...errors import ConfigError, ModelError, RLFactoryError, one_line
 from ...models import resolve_model
-from .base import FinishReason, Generation, SamplingParams
+from .base import FinishReason, Generation, SamplingParams, load_unit
 from .vllm_cpu import cpu_platform, environment, small_cpu_binding
 from .vllm_models import MAX_IMAGES_PER_PROMPT, checkpoint_dtype, collapse_image_runs, vision_of
 from .vllm_weights import EXTENSION, GIB, VISION_TOWER_RENAMES, renamed, staging_directory, write_shards
@@ -162,6 +162,7 @@ class VLLMBackend:
         }
         self._engine_kwargs = engine_kwargs
         self._vision = vision_of(self._model_path)
+        self._pushed_units: dict[str, set[str]] = {}  # load unit -> the names pushes gave it
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -180,6 +181,11 @@ class VLLMBackend:
     def max_model_len(self) -> int | None:
         """The engine's context length, once started (auto-fit decides it at startup)."""
         return self._engine.model_config.max_model_len if self._engine is not None else None
+
+    @property
+    def weight_dtype(self) -> Any:
+        """The ``torch.dtype`` the engine holds its weights in, once started (None before)."""
+        return self._engine.model_config.dtype if self._engine is not None else None
 
     async def start(self) -> None:
         """Start the engine now rather than on the first request. Idempotent."""
@@ -221,8 +227,10 @@ class VLLMBackend:
         then the load): the shards are written before, while generation goes on."""
         engine = await self._started_engine()
         tensors = list(named_tensors)
-        if not tensors:
+        if not tensors:  # nothing changed: the weights it serves are already ``version``'s
+            self.weight_version = self.weight_version + 1 if version is None else version
             return 0.0
+        self._check_whole_layers([name for name, _ in tensors])
         if self._vision is not None:
             tensors = [(renamed(name, VISION_TOWER_RENAMES), tensor) for name, tensor in tensors]
         assert self._update_lock is not None
@@ -236,6 +244,23 @@ class VLLMBackend:
                 raise ModelError(f"loading new weights into vLLM failed: {_worker_error(exc)}",
                                  hint="names and shapes must be those of the HF checkpoint; layers that got "
                                  "no weights keep their old ones; " + _DEBUG_HINT) from exc
+
+    def _check_whole_layers(self, names: Sequence[str]) -> None:
+        """A push may leave out layers, not parts of one: vLLM rebuilds a layer from the
+        weights it gets, the rest uninitialised (:func:`.base.load_unit`). A layer
+        is whole when it has every name earlier pushes gave it (the engines' first push is
+        the whole model)."""
+        given: dict[str, set[str]] = {}
+        for name in names:
+            given.setdefault(load_unit(name), set()).add(name)
+        for unit, present in given.items():
+            missing = sorted(self._pushed_units.get(unit, set()) - present)
+            if missing:
+                raise ModelError(f"update_weights: {unit} is sent in part ({len(missing)} of its weights missing, "
+                                 f"e.g. {missing[0]!r}); vLLM would rebuild it without them",
+                                 hint="send every weight of a layer that changed, or none; nothing was changed")
+        for unit, present in given.items():
+            self._pushed_units.setdefault(unit, set()).update(present)
 
     async def reset_prefix_cache(self) -> None:
         """Forget the KV blocks cached from earlier requests, so the next requests compute
