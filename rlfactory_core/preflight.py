@@ -202,7 +202,8 @@ def schedule_problems(values: Mapping[str, Any]) -> list[str]:
         problems.append(f"train.max_staleness: 0 allows no token older than the trainer's weights, but "
                         f"train.mode={mode} trains step k while step k+1 rolls out (its tokens are up to one "
                         f"version old); set train.max_staleness=1 or train.mode=sync")
-    if values.get("engine") == "ray" and ray_section.get("placement", "colocated") == "colocated":
+    overlapping = not (mode == "async" and train.get("max_staleness", 1) == 0)  # async at 0 is sync's order
+    if values.get("engine") == "ray" and ray_section.get("placement", "colocated") == "colocated" and overlapping:
         problems.append(f"ray.placement: colocated trainer and rollout workers take turns, so train.mode={mode} "
                         f"could not overlap them; set ray.placement=separate (each role its own resources) or "
                         f"train.mode=sync")

@@ -425,6 +425,31 @@ def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ra
     assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 3
 
 
+def test_async_with_no_staleness_on_ray_is_the_synchronous_run(ray_cluster, tiny_model_dir, tmp_path):
+    """``max_staleness: 0`` through the async loop on the ray engine (the rollout worker
+    streams its groups): the synchronous run's prompts, trajectories and updates, bit for bit."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for name, extra in (("sync", []), ("async", ["train.mode=async", "train.max_staleness=0"])):
+        runs[name] = tmp_path / name
+        train(tiny_config(tiny_model_dir, "train.steps=2", "data.eval_size=2", "eval.every=0", "train.lr=1e-3",
+                          "logging.tensorboard=false", "logging.record_train_groups=4", f"run_dir={runs[name]}",
+                          *extra))
+    metrics = {name: {r["step"]: r for r in read_metrics(run)} for name, run in runs.items()}
+    records = {name: RunRecords(run) for name, run in runs.items()}
+    for step in (1, 2):
+        sync, asynchronous = metrics["sync"][step], metrics["async"][step]
+        for key in ("samples", "reward/mean", "train/trained_tokens", "train/loss", "train/grad_norm"):
+            assert sync[key] == asynchronous[key], (step, key)
+        for row in records["sync"].list("train", step):
+            a, b = (records[name].trajectory("train", step, row["index"]) for name in ("sync", "async"))
+            assert a["sample_id"] == b["sample_id"]
+            assert [s["token_ids"] for s in a["sequences"]] == [s["token_ids"] for s in b["sequences"]]
+    weights = {name: load_file(latest_checkpoint(run) / "model" / "model.safetensors") for name, run in runs.items()}
+    assert all(torch.equal(weights["sync"][key], weights["async"][key]) for key in weights["sync"])
+
+
 JOIN = """
 import json, sys
 import ray

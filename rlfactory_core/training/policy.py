@@ -161,8 +161,11 @@ def weights_for_backend(policy: Any) -> list[tuple[str, Any]]:
         for name, tensor in policy.state_dict().items():
             if "lora_" in name:
                 continue
+            # the merged layers are copied before unmerging restores them; the rest are the
+            # frozen base weights, which nothing changes
+            merged = ".base_layer." in name
             name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-            out.append((name, tensor.detach().clone()))
+            out.append((name, tensor.detach().clone() if merged else tensor.detach()))
         return out
     finally:
         policy.unmerge_adapter()

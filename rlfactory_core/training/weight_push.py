@@ -46,13 +46,11 @@ class ChangedWeights:
         ``weight_sync/sent_share`` (bytes sent, of all)."""
         import torch
 
-        compared: list[tuple[str, Any]] = []
+        compared: list[tuple[str, Any, bool]] = []
         changed_units: set[str] = set()
         elements = changed_elements = 0
         for name, tensor in named_tensors:
             value = tensor.detach().to(device="cpu", dtype=self.dtype or tensor.dtype)
-            if value.data_ptr() == tensor.data_ptr():  # .to returned the trainer's own tensor: it changes in place
-                value = value.clone()
             previous = self._sent.get(name)
             if previous is None or previous.shape != value.shape:
                 differing = value.numel()
@@ -63,11 +61,14 @@ class ChangedWeights:
             changed_elements += differing
             if differing:
                 changed_units.add(load_unit(name))
-            compared.append((name, value))
-        sent = [(name, value) for name, value in compared if load_unit(name) in changed_units]
+            # .to may return the trainer's own tensor, which later updates change in place:
+            # what is kept (and sent) is then a copy, made only for the tensors sent
+            compared.append((name, value, value.data_ptr() == tensor.data_ptr()))
+        sent = [(name, value.clone() if aliased else value) for name, value, aliased in compared
+                if load_unit(name) in changed_units]
         self._sent.update(sent)
         sent_bytes = sum(value.numel() * value.element_size() for _, value in sent)
-        all_bytes = sum(value.numel() * value.element_size() for _, value in compared)
+        all_bytes = sum(value.numel() * value.element_size() for _, value, _ in compared)
         metrics = {"weight_sync/changed_share": changed_elements / max(elements, 1),
                    "weight_sync/sent_share": sent_bytes / max(all_bytes, 1)}
         return sent, metrics
