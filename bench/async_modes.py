@@ -175,7 +175,10 @@ def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], w
             "steps_per_min": len(steady) / minutes, "samples_per_min": samples / minutes,
             "tokens_per_min": sum(r["train/trained_tokens"] for r in steady) / minutes,
             "rollout_wait_s": sum(r.get("time/rollout_wait", r["time/rollout"]) for r in steady) / len(steady),
-            "stale_fraction": sum(r.get("train/stale_token_fraction", 0.0) for r in steady) / len(steady)}
+            "stale_fraction": sum(r.get("train/stale_token_fraction", 0.0) for r in steady) / len(steady),
+            # what the steps trained, per trajectory: an arm that under-trains long trajectories shows here
+            "tokens_per_traj": sum(r["batch/trained_tokens_mean"] for r in steady) / len(steady),
+            "turns_per_traj": sum(r["batch/trained_turns_mean"] for r in steady) / len(steady)}
 
 
 def main(argv: list[str]) -> None:
@@ -216,13 +219,13 @@ def main(argv: list[str]) -> None:
     print(f"sync phases: rollout {bound['rollout_s']:.1f} s, the rest {bound['rest_s']:.1f} s a step; cores busy "
           f"{bound['busy']:.2f}; bound {bound['bound']:.2f}x (without the CPU limit {bound['bound_without_cpu']:.2f}x)")
     print("| mode | cores | steps/min | samples/min | tokens/min | vs sync (samples) | of the bound | "
-          "rollout wait s/step | stale tokens | cores busy |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "rollout wait s/step | stale tokens | cores busy | trained tokens/traj | turns/traj |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ratio = r["samples_per_min"] / base["samples_per_min"]
         print(f"| {r['mode']} | {r['split']} | {r['steps_per_min']:.2f} | {r['samples_per_min']:.1f} | "
               f"{r['tokens_per_min']:.0f} | {ratio:.2f}x | {ratio / bound['bound']:.2f} | {r['rollout_wait_s']:.1f} | "
-              f"{r['stale_fraction']:.2f} | {r['busy']:.2f} |")
+              f"{r['stale_fraction']:.2f} | {r['busy']:.2f} | {r['tokens_per_traj']:.0f} | {r['turns_per_traj']:.2f} |")
     print(f"\nruns in {work}")
 
 
