@@ -180,10 +180,10 @@ class TrainSection(_Section):
         1, "modes other than sync: how many policy versions older than the trainer's a trained token's "
            "sampler may be", ge=0)
     weight_push: Literal["auto", "changed", "all"] = _field(
-        "auto", "what each weight sync sends the generation backends: changed = only the tensors whose value "
-                "in the sampler's dtype changed (keeps one copy of the sent weights), all = every tensor, "
-                "auto = changed for LoRA (only the adapted modules change), all otherwise (AdamW moves every "
-                "tensor each step: bench/README.md); the ray engine sends all")
+        "auto", "what each weight sync sends the generation backends: changed = only the decoder layers with a "
+                "value that changed in the sampler's dtype (keeps one copy of the sent weights), all = every "
+                "tensor, auto = changed for LoRA (only the adapted layers change), all otherwise (AdamW moves "
+                "every tensor each step: bench/README.md); the ray engine sends all")
 
 
 class DataSection(_Section):

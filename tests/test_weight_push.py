@@ -12,7 +12,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlfactory_core.config import load_config
 from rlfactory_core.rollout.backends.hf import HFBackend
-from rlfactory_core.training.weight_push import ChangedWeights, load_unit, pushes_changed_only
+from rlfactory_core.rollout.backends.base import load_unit
+from rlfactory_core.training.weight_push import ChangedWeights, pushes_changed_only
 
 
 def test_the_first_push_sends_everything_and_later_ones_only_what_changed():
@@ -30,6 +31,9 @@ def test_the_first_push_sends_everything_and_later_ones_only_what_changed():
 
     sent, metrics = pushed.select(weights)
     assert sent == [] and metrics == {"weight_sync/changed_share": 0.0, "weight_sync/sent_share": 0.0}
+    a[1, 1] = 7.0  # the copy kept is not the trainer's tensor: this change is seen
+    sent, _ = pushed.select(weights)
+    assert [name for name, _ in sent] == ["model.embed_tokens.weight"]
 
 
 def test_a_change_sends_its_whole_decoder_layer():

@@ -19,11 +19,11 @@ from typing import Any, Iterable
 
 from ..rollout.backends.base import load_unit
 
-__all__ = ["ChangedWeights", "pushes_changed_only", "load_unit"]
+__all__ = ["ChangedWeights", "pushes_changed_only"]
 
 
 def pushes_changed_only(config: Any) -> bool:
-    """Whether the run's pushes send only the changed tensors (``train.weight_push``)."""
+    """Whether the run's pushes send only the changed layers (``train.weight_push``)."""
     choice = config.train.weight_push
     return choice == "changed" or (choice == "auto" and config.model.lora.enabled)
 
