@@ -87,7 +87,9 @@ class RayEngine:
         self.started_ray = False
         self.placement_groups: list[Any] = []
         self.trainers: list[Any] = []
-        self.rollout_workers: list[Any] = []
+        self.rollout_workers: list[Any] = []  # each published once started (a replacement too)
+        self.started_from: list[Any] = []  # the weights (self.weights then) each worker started from
+        self.replacing: list[asyncio.Lock] = []  # one replacement of a dead worker at a time, per index
         self.rollout_bundles: list[tuple[Any, int]] = []
         self.tool_actors: dict[str, Any] = {}
         self.judges: list[Any] = []
@@ -253,6 +255,8 @@ class RayEngine:
         # the workers load the checkpoint's (or the base) weights: that version, until the first sync
         self.policy_version = self.synced_version = resumed_version(state)
         self.rollout_workers = [None] * r.rollout.workers
+        self.started_from = [None] * r.rollout.workers
+        self.replacing = [asyncio.Lock() for _ in range(r.rollout.workers)]
         await asyncio.gather(*(self._start_rollout_worker(i) for i in range(r.rollout.workers)))
         return state
 
@@ -274,10 +278,12 @@ class RayEngine:
         worker = remote(RolloutWorker).options(num_cpus=r.rollout.cpus, num_gpus=r.rollout.gpus,
                                         scheduling_strategy=self._on(group, bundle)).remote(
             role_threads(self.config, "rollout"))
-        self.rollout_workers[index] = worker
+        weights = self.weights
         await self._ready("rollout", [worker.start.remote(self.config_json, str(self.model_path),
                                                           str(self.base_path), self.tool_actors, self.judges,
-                                                          self.weights, self.synced_version)])
+                                                          weights, self.synced_version)])
+        # published only now: a call meanwhile reaches the dead worker and waits for this one
+        self.rollout_workers[index], self.started_from[index] = worker, weights
         return worker
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -366,12 +372,18 @@ class RayEngine:
             await asyncio.gather(feeder, return_exceptions=True)
 
     async def _replace_rollout_worker(self, index: int, worker: Any, exc: Exception, then: str) -> None:
-        """Dead rollout worker ``index`` replaced (counted against ``ray.max_restarts``), saying so."""
-        self._spend_restart(index, exc)
-        self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and {then}")
-        with contextlib.suppress(Exception):
-            ray.kill(worker)
-        await self._start_rollout_worker(index)
+        """Dead rollout worker ``index`` replaced (counted against ``ray.max_restarts``), saying
+        so. Every call that found ``worker`` dead comes here (the overlapping chunks of an
+        asynchronous schedule, a weight push): the first replaces it, the others wait for that
+        replacement, so one death costs one restart and one bundle."""
+        async with self.replacing[index]:
+            if self.rollout_workers[index] is not worker:  # replaced meanwhile
+                return
+            self._spend_restart(index, exc)
+            self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it and {then}")
+            with contextlib.suppress(Exception):
+                ray.kill(worker)
+            await self._start_rollout_worker(index)
 
     def _spend_restart(self, index: int, exc: Exception) -> None:
         """Count the replacement of dead rollout worker ``index`` against this step's
@@ -424,20 +436,22 @@ class RayEngine:
 
         pauses: list[float] = []
 
-        async def push(index: int, worker: Any) -> None:
-            try:
-                pause = await worker.update_weights.remote(weights, self.synced_version)
-                if pause is not None:
-                    pauses.append(float(pause))
-            except ray.exceptions.RayActorError as exc:
-                # lost since its rollout: the replacement starts from these weights (self.weights)
-                self._spend_restart(index, exc)
-                self._say(f"rollout worker {index} died ({type(exc).__name__}); replacing it with the new weights")
-                with contextlib.suppress(Exception):
-                    ray.kill(worker)
-                await self._start_rollout_worker(index)
+        version = self.synced_version
 
-        await asyncio.gather(*(push(i, w) for i, w in enumerate(self.rollout_workers)))
+        async def push(index: int) -> None:
+            while True:
+                worker = self.rollout_workers[index]
+                try:
+                    pause = await worker.update_weights.remote(weights, version)
+                    if pause is not None:
+                        pauses.append(float(pause))
+                    return
+                except ray.exceptions.RayActorError as exc:  # lost since its rollout
+                    await self._replace_rollout_worker(index, worker, exc, "giving it the new weights")
+                if self.started_from[index] is weights:  # the replacement started from these weights
+                    return
+
+        await asyncio.gather(*(push(i) for i in range(len(self.rollout_workers))))
         total = time.perf_counter() - t
         mb = size / 2**20
         metrics = {"weight_sync/mb": mb, "weight_sync/gather_s": gathered,
