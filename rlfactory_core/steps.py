@@ -33,7 +33,7 @@ from .training.batch import build_batch
 from .training.cold_start import collect_examples, example_batch
 from .training.overlong import overlong_metrics, with_overlong_penalty
 
-__all__ = ["StepRollout", "StepUpdate", "before_training", "rollout_phase", "update_phase", "sync_phase", "end_step"]
+__all__ = ["StepRollout", "StepUpdate", "before_training", "next_prompts", "attempt_size", "rollout_phase", "update_phase", "sync_phase", "end_step"]
 
 
 @dataclass
@@ -79,12 +79,32 @@ async def before_training(run: Run) -> None:
     run.logger.log(0, metrics)
 
 
+def next_prompts(run: Run, start: int, count: int) -> tuple[list[int], list[Any]]:
+    """The ``count`` data positions from ``start`` that no checkpoint counts as trained
+    (``run.trained_ahead``), and their samples, in the order ``train.seed`` fixes."""
+    positions = untrained_positions(start, count, run.trained_ahead)
+    config = run.config
+    indices = indices_at(len(run.train_samples), positions, config.train.seed, shuffle=config.data.shuffle)
+    return positions, [run.train_samples[i] for i in indices]
+
+
+def attempt_size(config: RunConfig, assembler: BatchAssembler, attempt: int) -> int:
+    """How many prompts a step's rollout ``attempt`` (0, 1, ...) takes: ``prompts_per_step``
+    first; with ``grpo.dynamic_sampling``, as many as the batch still needs, up to
+    ``grpo.max_extra_rollouts`` more attempts; 0 when the step has its groups or its attempts."""
+    g = config.grpo
+    if not assembler.needed:
+        return 0
+    if attempt == 0:
+        return g.prompts_per_step
+    return assembler.needed if g.dynamic_sampling and attempt <= g.max_extra_rollouts else 0
+
+
 async def rollout_phase(run: Run, step: int, position: int | None = None) -> StepRollout:
     """Step ``step``'s batch: ``prompts_per_step`` prompts from the data ``position`` (default:
     the run's, every prompt of the trained steps; a schedule that rolls out ahead passes the
-    position after the rollouts it has not trained yet), rolled out and scored; with
-    ``grpo.dynamic_sampling``, the next prompts too, up to ``grpo.max_extra_rollouts`` more
-    rollouts, until enough groups are informative."""
+    position after the rollouts it has not trained yet), rolled out and scored, then more
+    attempts while :func:`attempt_size` asks for them."""
     config, g = run.config, run.config.grpo
     if position is None:
         position = run.position
@@ -93,13 +113,9 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
     samples: list[Any] = []
     positions: list[int] = []
     times: dict[str, float] = {}
-    for attempt in range(1 + (g.max_extra_rollouts if g.dynamic_sampling else 0)):
-        if not assembler.needed:
-            break
-        count = g.prompts_per_step if attempt == 0 else assembler.needed
-        taken = untrained_positions(positions[-1] + 1 if positions else position, count, run.trained_ahead)
-        indices = indices_at(len(run.train_samples), taken, config.train.seed, shuffle=config.data.shuffle)
-        batch_samples = [run.train_samples[i] for i in indices]
+    attempt = 0
+    while count := attempt_size(config, assembler, attempt):
+        taken, batch_samples = next_prompts(run, positions[-1] + 1 if positions else position, count)
         positions += taken
         result = await run.engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),
                                           group_size=g.group_size, rewards="train")
@@ -107,6 +123,7 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
         samples += batch_samples
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
+        attempt += 1
     return StepRollout(assembler.assemble(), samples, times, positions)
 
 

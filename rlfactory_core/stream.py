@@ -5,11 +5,12 @@ than ``train.max_staleness`` versions.
 **Chunks.** A chunk is one streamed rollout (:meth:`Engine.rollout_groups`) of consecutive
 prompts for one step: ``grpo.prompts_per_step`` of them (attempt 0), then, with
 ``grpo.dynamic_sampling``, as many as the step still needs (attempts 1 to
-``grpo.max_extra_rollouts``, as :func:`rlfactory_core.steps.rollout_phase` does), each seeded
-as the synchronous rollout of that step and attempt (:func:`rollout_config_for`). A chunk's
-groups stream in as they finish; when the last is in, they go to the step's
-:class:`~rlfactory_core.training.assembly.BatchAssembler` in sample order, so batches are
-ordered by sample, not by finish time, and hold the groups a synchronous step would.
+``grpo.max_extra_rollouts``), by the synchronous rollout's rule
+(:func:`rlfactory_core.steps.attempt_size`), each seeded as the synchronous rollout of that
+step and attempt (:func:`rollout_config_for`). A chunk's groups stream in as they finish;
+when the last is in, they go to the step's :class:`~rlfactory_core.training.assembly.BatchAssembler`
+in sample order, so batches are ordered by sample, not by finish time, and hold the groups a
+synchronous step would.
 
 **Admission.** Step ``k`` trains on the weights of version ``V(k)`` (one more each step). A
 chunk of step ``k`` starts only once the generation backends hold version ``V(k) -
@@ -32,11 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data import indices_at, untrained_positions
 from .engines import rollout_config_for
 from .rewards import ScoredBatch
 from .run import Run
-from .steps import StepRollout
+from .steps import StepRollout, attempt_size, next_prompts
 from .training.assembly import BatchAssembler, group_filters
 from .training.overlong import with_overlong_penalty
 
@@ -99,8 +99,8 @@ class GroupStream:
         """Start every chunk admission allows: a dynamic-sampling attempt of a step that needs
         one, then the first chunks of the next steps."""
         for step, state in sorted(self.steps.items()):
-            if not state.running and self._wants_more(state) and self._admitted(step):
-                self._start(step, state, state.assembler.needed)
+            if not state.running and (count := self._wants_more(state)) and self._admitted(step):
+                self._start(step, state, count)
         while self.next_step <= self.last and self._admitted(self.next_step):
             state = self.steps[self.next_step] = _Step(BatchAssembler(self.run.config.grpo.prompts_per_step,
                                                                       group_filters(self.run.config)))
@@ -110,16 +110,13 @@ class GroupStream:
     def _admitted(self, step: int) -> bool:
         return self.synced >= self.first_version + (step - self.first) - self.max_staleness
 
-    def _wants_more(self, state: _Step) -> bool:
-        g = self.run.config.grpo
-        return bool(state.assembler.needed) and g.dynamic_sampling and state.attempts <= g.max_extra_rollouts
+    def _wants_more(self, state: _Step) -> int:
+        """The prompts of the step's next attempt (0: none) once its first has started."""
+        return attempt_size(self.run.config, state.assembler, state.attempts) if state.attempts else 0
 
     def _start(self, step: int, state: _Step, count: int) -> None:
-        positions = untrained_positions(self.cursor, count, self.run.trained_ahead)
+        positions, samples = next_prompts(self.run, self.cursor, count)
         self.cursor = positions[-1] + 1
-        config = self.run.config
-        samples = [self.run.train_samples[i] for i in indices_at(
-            len(self.run.train_samples), positions, config.train.seed, shuffle=config.data.shuffle)]
         state.samples += samples
         state.positions += positions
         attempt, state.attempts, state.running = state.attempts, state.attempts + 1, state.running + 1

@@ -178,6 +178,20 @@ def test_the_data_position_passes_prompts_only_once_all_before_them_are_trained(
     assert indices_at(10, list(range(2, 14)), seed=0) == batch_indices(10, 12, 0, 2)  # across an epoch
 
 
+def test_every_schedule_sizes_a_steps_attempts_by_one_rule():
+    """``steps.attempt_size``, which the synchronous rollout and the async stream both follow:
+    the batch's prompts first, then what the batch still needs, ``max_extra_rollouts`` times."""
+    from rlfactory_core.steps import attempt_size
+    from rlfactory_core.training.assembly import BatchAssembler
+
+    on = load_config([], ["grpo.prompts_per_step=4", "grpo.dynamic_sampling=true", "grpo.max_extra_rollouts=2"])
+    off = load_config([], ["grpo.prompts_per_step=4", "grpo.dynamic_sampling=false"])
+    full, short = BatchAssembler(0), BatchAssembler(3)
+    assert [attempt_size(on, short, a) for a in range(4)] == [4, 3, 3, 0]
+    assert [attempt_size(off, short, a) for a in range(3)] == [4, 0, 0]
+    assert [attempt_size(on, full, a) for a in range(3)] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
 def test_a_resumed_run_in_any_mode_skips_the_prompts_its_checkpoint_trained_ahead(tmp_path, tiny_model_dir, mode):
     """A checkpoint with ``trained_ahead`` (an async run stopped with a later prompt trained
