@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -53,11 +54,14 @@ def ray_cluster():
     ray.shutdown()
 
 
+def tiny_overrides(model_dir, *overrides) -> list[str]:
+    return [f"model.name={model_dir}", "backend=hf", "train.bf16=false", "logging.live=off", "grpo.prompts_per_step=4",
+            "grpo.group_size=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=24",
+            "rollout.sampling.temperature=1.0", "rollout.sampling.seed=7", *RAY_ROLES, *overrides]
+
+
 def tiny_config(model_dir, *overrides):
-    return load_config([], [f"model.name={model_dir}", "backend=hf", "train.bf16=false", "logging.live=off",
-                            "grpo.prompts_per_step=4", "grpo.group_size=2", "rollout.max_turns=2",
-                            "rollout.max_tokens_per_turn=24", "rollout.sampling.temperature=1.0",
-                            "rollout.sampling.seed=7", *RAY_ROLES, *overrides])
+    return load_config([], tiny_overrides(model_dir, *overrides))
 
 
 def weights_match(ray_weights, local_weights, base, config, lr, optimizer_steps) -> bool:
@@ -290,12 +294,30 @@ def test_a_streamed_rollout_outlives_a_killed_worker_and_sends_each_group_once(r
                 groups.append(group)
                 if len(groups) == 3:  # worker 1's chunk is in: only the frozen worker's is left
                     os.kill(victim, signal.SIGKILL)
-            return whole, groups, engine.restarts
+            assert engine.restarts == 1
+            # two streams at once, as an async schedule's overlapping chunks, each with a chunk on a
+            # frozen worker: its death is one replacement (a second would wait forever for the
+            # bundle the first holds), both streams finish, and the next push reaches the new worker
+            victim = await engine.rollout_workers[0].pid.remote()
+            os.kill(victim, signal.SIGSTOP)
+
+            async def collect(chunk):
+                return [group async for group in engine.rollout_groups(chunk, rollout_config_for(config, 2),
+                                                                      group_size=2)]
+
+            both = asyncio.gather(collect(samples), collect(samples[:4]))
+            await asyncio.sleep(1.0)  # both streams' calls are queued on the frozen worker
+            os.kill(victim, signal.SIGKILL)
+            overlapping = await asyncio.wait_for(both, 120)
+            pushed = await asyncio.wait_for(engine.sync_weights(), 120)
+            return whole, groups, engine.restarts, overlapping, pushed
         finally:
             await engine.close()
 
-    whole, groups, restarts = asyncio.run(run())
-    assert restarts == 1
+    whole, groups, restarts, overlapping, pushed = asyncio.run(run())
+    assert restarts == 2  # one for each death
+    assert [sorted(g.index for g in stream) for stream in overlapping] == [list(range(6)), list(range(4))]
+    assert pushed["weight_sync/pause_s"] > 0  # both workers took it in place, the replacement too
     assert sorted(group.index for group in groups) == list(range(6))  # each once
     assert {group.index for group in groups[:3]} == {3, 4, 5}  # the live worker's came first
     for group in groups:
@@ -390,19 +412,19 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
     assert [m["step"] for m in read_metrics(run_dir) if m.get("train/optimizer_steps")] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ray_cluster, tiny_model_dir, tmp_path,
-                                                                             capsys, mode):
+                                                                             capsys):
     """Steps of the ray engine with ``ray.placement=separate`` (2 trainer ranks and the
-    rollout worker in placement groups of their own), resumed from a local checkpoint, in an
-    overlapping ``train.mode``: step 3 rolls out on the worker while step 2 trains on the ranks."""
+    rollout worker in placement groups of their own), resumed from a local checkpoint, in
+    ``one_step_off``: step 3 rolls out on the worker while step 2 trains on the ranks. (``async``
+    takes the same path in the next test, through a kill and a stop.)"""
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model_dir, "engine=local", "train.steps=1", "data.eval_size=2", "eval.every=0",
                          f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3",
                          "ray.placement=separate", "logging.record_train_groups=4")
     train(config)
     on_ray = config.model_copy(update={"engine": "ray"})
-    on_ray.train.steps, on_ray.train.mode, on_ray.grpo.tis_cap = 3, mode, 2.0
+    on_ray.train.steps, on_ray.train.mode, on_ray.grpo.tis_cap = 3, "one_step_off", 2.0
     train(on_ray, resume=run_dir)
     assert "2 trainer rank(s), 1 rollout worker(s), placement separate" in capsys.readouterr().out
     assert latest_checkpoint(run_dir).name == "step-000003"
@@ -423,6 +445,93 @@ def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ra
     assert resumed[-1]["train/stale_token_fraction"] >= 0
     assert {r["policy_version"] for r in recorded.list("eval", 3)} == {3}
     assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 3
+
+
+_KILLED_ON_RAY = """
+import os, signal, sys
+from rlfactory_core.config import load_config
+from rlfactory_core.engines.ray import engine as ray_engine
+from rlfactory_core.testing import train
+
+real, calls = ray_engine.RayEngine.update, []
+
+async def update(self, batch, step):
+    calls.append(step)
+    if len(calls) == 1:  # a rollout worker dies while later steps' chunks are on it or queued for it
+        os.kill(await self.rollout_workers[0].pid.remote(), signal.SIGKILL)
+    else:  # the whole run dies in the next update, steps in flight, nothing saved
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await real(self, batch, step)
+
+ray_engine.RayEngine.update = update
+train(load_config([], sys.argv[2:]), resume=sys.argv[1])
+"""
+
+
+def test_async_on_ray_trains_every_prompt_once_across_a_killed_worker_a_sigkill_a_stop_and_resumes(
+        ray_cluster, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """``train.mode=async`` on the ray engine (separate placement, 2 trainer ranks, a rollout
+    worker streaming its groups, 2 steps rolled out ahead) from a local checkpoint: in step 2's
+    update the rollout worker is killed (replaced, its chunks run again); in step 3's the
+    driver is SIGKILLed (nothing saved); the resume is stopped by SIGINT in step 4's update (step
+    4 saved, steps 5-6 in flight dropped); the last resume finishes. Every step is logged and
+    recorded once, each prompt trained once in the synchronous order, no token over the bound."""
+    import subprocess
+    import sys
+
+    from rlfactory_arithmetic import ArithmeticEnv
+
+    from rlfactory_core.engines.ray import engine as ray_engine
+    from rlfactory_core.testing import TrainingInterrupted
+
+    run_dir = tmp_path / "run"
+    overrides = [f"run_dir={run_dir}", "train.steps=6", "data.eval_size=2", "eval.every=0", "train.lr=1e-3",
+                 "logging.tensorboard=false", "logging.record_train_groups=4", "ray.placement=separate",
+                 "checkpoint.every=1"]
+    train(tiny_config(tiny_model_dir, *overrides, "engine=local", "train.steps=1"))
+    on_ray = [*overrides, "train.mode=async", "train.max_staleness=2", "grpo.tis_cap=2.0"]
+    argv = [str(run_dir), *tiny_overrides(tiny_model_dir, *on_ray)]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_ON_RAY, *argv], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:] + killed.stderr[-3000:]
+    assert "rollout worker 0 died" in killed.stdout + killed.stderr
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert (state["step"], state["position"]) == (2, 8)  # steps 3-4's prompts were in flight: not counted
+    for _ in range(600):  # the killed driver's actors and placement groups are gone once Ray sees it dead
+        if ray.available_resources().get("CPU", 0) >= 2:
+            break
+        time.sleep(0.1)
+
+    real, calls = ray_engine.RayEngine.update, []
+
+    async def stopped_in_the_second_update(self, batch, step):
+        calls.append(step)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(0.2)
+        return await real(self, batch, step)
+
+    config = tiny_config(tiny_model_dir, *on_ray)
+    monkeypatch.setattr(ray_engine.RayEngine, "update", stopped_in_the_second_update)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train(config, resume=run_dir)
+    assert stopped.value.message.startswith("step 4 is saved")
+    monkeypatch.setattr(ray_engine.RayEngine, "update", real)
+    train(config, resume=run_dir)
+    assert "placement separate" in capsys.readouterr().out
+
+    steps = [m for m in read_metrics(run_dir) if m["step"] >= 1]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
+    ids = [s["id"] for s in ArithmeticEnv().dataset(split="train")]
+    assert [s for m in steps for s in m["samples"]] == [ids[i] for i in batch_indices(len(ids), 24, seed=0,
+                                                                                         position=0)]
+    recorded = RunRecords(run_dir)
+    for m in steps:  # recorded once: each step's groups, none from the killed or the dropped steps
+        rows = recorded.list("train", m["step"])
+        assert sorted(r["sample_id"] for r in rows) == sorted(m["samples"] * 2), m["step"]
+        versions = {r["policy_version"] for r in rows}
+        assert max(m["step"] - 1 - v for v in versions) <= (0 if m["step"] == 1 else 2), (m["step"], versions)
+    assert json.loads((latest_checkpoint(run_dir) / "state.json").read_text())["policy_version"] == 6
 
 
 def test_async_with_no_staleness_on_ray_is_the_synchronous_run(ray_cluster, tiny_model_dir, tmp_path):
