@@ -1,0 +1,172 @@
+"""Learning under each schedule: held-out accuracy per step and per minute, ``train.mode=sync``
+against ``async`` (and ``one_step_off`` when asked), several seeds per arm, beside the task's
+degenerate baselines.
+
+Each arm is a real ``rlf train`` process on the arithmetic curve's settings
+(``bench/learning_curve.py``: the embedded SmolLM2-135M-Instruct, the calculator tool, 4
+prompts x 8 trajectories, temperature 0.7, LR 1e-5, the same 64 held-out questions evaluated
+at the training temperature every ``--eval-every`` steps). ``train.seed`` changes the data
+order and the sampling; the model, the held-out set and the schedule's other settings stay.
+Arms run interleaved (seed 0 of every mode, then seed 1, ...) so that a slower stretch of the
+machine falls on every mode alike.
+
+Per step: the mean held-out accuracy over seeds at each evaluated step, with its range over
+seeds (the spread is max - min). Per minute: the clock starts when the step-0 evaluation is written
+(model loading and the first evaluation are the same for every mode) and stops at each
+evaluated step's record; the summary gives when each mode's mean curve first reaches sync's
+final mean accuracy (interpolated between evaluations), as a share of sync's time to its
+final step.
+
+Baselines on the same held-out questions: the untrained model (the step-0 evaluation: this
+task has no warm-up, so it is also the warm-up-alone score), the majority answer (the most
+frequent answer of the training split given to every question), and tools off (the untrained
+model answering without the calculator, ``env_options.use_tools=false``, via ``rlf eval``).
+
+    .venv/bin/python bench/async_learning.py                         # sync vs async, 3 seeds, 8 steps: ~50 min on 2 cores
+    .venv/bin/python bench/async_learning.py --seeds 0 --steps 4     # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ARITHMETIC = ["--env", "arithmetic", "env_options={questions_per_episode: 1}", "rollout.max_turns=3",
+              "rollout.max_tokens_per_turn=48", "rollout.sampling.temperature=0.7", "eval.temperature=0.7",
+              "grpo.prompts_per_step=4", "grpo.group_size=8", "train.lr=1e-5"]
+
+
+def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One ``rlf train`` run: its evaluations as ``(step, minutes since step 0's eval, accuracy)``."""
+    run_dir = work / f"{mode}-seed{seed}"
+    overrides = [f"train.mode={mode}", f"train.steps={args.steps}", f"train.seed={seed}",
+                 f"eval.every={args.eval_every}", f"data.eval_size={args.eval_size}",
+                 f"checkpoint.every={args.steps}", "logging.live=off", "logging.tensorboard=false",
+                 f"backend={args.backend}"]
+    if mode == "async":  # stale tokens need the decoupled objective's weight (a preflight rule)
+        overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
+    argv = [sys.executable, "-m", "rlfactory_cli", "train", "--run-dir", str(run_dir), *ARITHMETIC, *overrides,
+            *args.overrides]
+    started = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{mode} seed {seed} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/reward/accuracy" in r]
+    if not evals or evals[0]["step"] != 0:
+        raise RuntimeError(f"{mode} seed {seed}: no step-0 evaluation in {run_dir}")
+    t0 = evals[0]["time"]
+    return {"mode": mode, "seed": seed, "wall_min": (time.time() - started) / 60,
+            "evals": [(r["step"], (r["time"] - t0) / 60, r["eval/reward/accuracy"]) for r in evals],
+            "stale": [r.get("train/stale_token_fraction", 0.0) for r in records if r["step"] >= 1]}
+
+
+def time_to_reach(curve: list[tuple[int, float, float]], target: float) -> float | None:
+    """Minutes at which a ``(step, minutes, accuracy)`` curve first reaches ``target``, linear
+    between evaluations; None when it never does."""
+    if curve and curve[0][2] >= target:
+        return curve[0][1]
+    for (_, t_a, a), (_, t_b, b) in zip(curve, curve[1:]):
+        if b >= target:  # a < target <= b: the first crossing
+            return t_a + (t_b - t_a) * (target - a) / (b - a)
+    return None
+
+
+def mean_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """The seeds' mean ``(step, minutes, accuracy)`` at each evaluated step."""
+    by_step: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
+    for run in runs:
+        for step, minutes, accuracy in run["evals"]:
+            by_step[step].append((minutes, accuracy))
+    return [(step, sum(m for m, _ in v) / len(v), sum(a for _, a in v) / len(v)) for step, v in sorted(by_step.items())]
+
+
+def majority_baseline(eval_size: int) -> tuple[str, float]:
+    """The training split's most frequent answer and its accuracy on the held-out questions."""
+    from rlfactory_arithmetic.env import ArithmeticEnv
+
+    env = ArithmeticEnv(questions_per_episode=1)
+    answer, _ = collections.Counter(r["answer"] for r in env.dataset(split="train")).most_common(1)[0]
+    held_out = env.dataset(size=eval_size, split="test")
+    return answer, sum(r["answer"] == answer for r in held_out) / len(held_out)
+
+
+def tools_off_baseline(args: argparse.Namespace, work: Path) -> float:
+    """The untrained model's held-out accuracy without the calculator (``rlf eval``)."""
+    report = work / "tools-off"
+    argv = [sys.executable, "-m", "rlfactory_cli", "eval", "--env", "arithmetic", "--model", "smollm2-135m-instruct",
+            "--size", str(args.eval_size), "--report", str(report), f"backend={args.backend}",
+            "env_options={questions_per_episode: 1, use_tools: false}", "eval.temperature=0.7",
+            "rollout.max_turns=3", "rollout.max_tokens_per_turn=48"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the tools-off eval failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    report_json = json.loads((report / "report.json").read_text())
+    return report_json["metrics"]["eval/reward/accuracy"]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", nargs="+", default=["sync", "async"], help="the first is the baseline")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--max-staleness", type=int, default=1, help="the async arms' train.max_staleness")
+    parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("overrides", nargs="*", help="more config overrides for every arm")
+    args = parser.parse_args(argv)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlf-async-learning-"))
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
+    for seed in args.seeds:
+        for mode in args.modes:
+            print(f"running {mode}, seed {seed} ...", flush=True)
+            run = run_arm(mode, seed, args, work)
+            runs[mode].append(run)
+            print("  " + ", ".join(f"step {s}: {a:.3f} at {m:.1f} min" for s, m, a in run["evals"]), flush=True)
+    print("baselines ...", flush=True)
+    majority, majority_accuracy = majority_baseline(args.eval_size)
+    tools_off = tools_off_baseline(args, work)
+
+    print(f"\narithmetic, backend {args.backend}, {args.steps} steps of 4 prompts x 8, eval every {args.eval_every} "
+          f"on {args.eval_size} held-out questions; seeds {args.seeds}; nproc {os.cpu_count()}")
+    steps = [s for s, _, _ in runs[args.modes[0]][0]["evals"]]
+    print("| mode | " + " | ".join(f"step {s}" for s in steps) + " | minutes to last step | stale tokens |")
+    print("|---|" + "---|" * (len(steps) + 2))
+    for mode, mode_runs in runs.items():
+        cells = []
+        for i, _ in enumerate(steps):
+            values = [run["evals"][i][2] for run in mode_runs]
+            cells.append(f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f})")
+        minutes = [run["evals"][-1][1] for run in mode_runs]
+        stale = [sum(run["stale"]) / max(len(run["stale"]), 1) for run in mode_runs]
+        print(f"| {mode} | " + " | ".join(cells) + f" | {sum(minutes) / len(minutes):.1f} "
+              f"({min(minutes):.1f}-{max(minutes):.1f}) | {sum(stale) / len(stale):.2f} |")
+    base = mean_curve(runs[args.modes[0]])
+    target, base_minutes = base[-1][2], base[-1][1]
+    print(f"\nsync's final mean accuracy {target:.3f}, reached at {base_minutes:.1f} min (its last step):")
+    for mode, mode_runs in runs.items():
+        curve = mean_curve(mode_runs)
+        reached = time_to_reach(curve, target)
+        final_spread = max(r["evals"][-1][2] for r in mode_runs) - min(r["evals"][-1][2] for r in mode_runs)
+        share = f"{reached:.1f} min = {reached / base_minutes:.2f} of sync's" if reached is not None else "not reached"
+        print(f"- {mode}: final {curve[-1][2]:.3f} (seed spread {final_spread:.3f}; "
+              f"{curve[-1][2] - target:+.3f} vs sync); sync's final accuracy {share}")
+    print(f"\nbaselines: untrained (step 0 = warm-up alone) {base[0][2]:.3f}; majority answer {majority!r} "
+          f"{majority_accuracy:.3f}; tools off {tools_off:.3f}")
+    print(f"runs in {work}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    main(sys.argv[1:])
