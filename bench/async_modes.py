@@ -20,6 +20,11 @@ Workloads:
 * ``latency``: deepsearch against ``rlf retriever serve`` over HTTP (``HTTPRetriever``), behind
   a proxy that holds each request ``--latency`` seconds (uniform in the range): the rollout waits.
 
+On the ray engine (``engine=ray`` among the overrides), sync keeps the default colocated
+placement (the trainer rank and the rollout worker share the cores and take turns, each using
+all of them: its best), and the overlapping arms run with ``ray.placement=separate`` (a core
+each, as the preflight requires).
+
 Core splits (``MODE:SPLIT`` in ``--arms``): ``shared`` (every phase on every core: vLLM's worker
 bound to all of them, torch's default threads for the update), ``split`` (vLLM's worker on the
 first core, ``VLLM_CPU_OMP_THREADS_BIND``, the update on one thread, ``train.threads=1``), or
@@ -154,6 +159,8 @@ def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], w
                  "logging.tensorboard=false", f"backend={args.backend}"]
     if mode == "async":  # stale tokens need the decoupled objective's weight (a preflight rule)
         overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
+    if mode != "sync" and "engine=ray" in args.overrides:  # colocated roles take turns (a preflight rule)
+        overrides.append("ray.placement=separate")
     if split == "split":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
         overrides.append("train.threads=1")
