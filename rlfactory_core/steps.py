@@ -33,7 +33,8 @@ from .training.batch import build_batch
 from .training.cold_start import collect_examples, example_batch
 from .training.overlong import overlong_metrics, with_overlong_penalty
 
-__all__ = ["StepRollout", "StepUpdate", "before_training", "next_prompts", "attempt_size", "rollout_phase", "update_phase", "sync_phase", "end_step"]
+__all__ = ["StepRollout", "StepUpdate", "before_training", "next_prompts", "attempt_size", "rollout_phase",
+           "update_phase", "sync_phase", "end_step"]
 
 
 @dataclass
