@@ -179,6 +179,11 @@ class TrainSection(_Section):
     max_staleness: int = _field(
         1, "modes other than sync: how many policy versions older than the trainer's a trained token's "
            "sampler may be", ge=0)
+    generation_order: Literal["auto", "oldest_first", "backend"] = _field(
+        "auto", "modes other than sync, when rollouts of several steps (or an eval) overlap: oldest_first = a "
+                "turn starts only when no older step's turn generates or waits (the step the trainer waits for "
+                "goes first), backend = all batched together in the backend's order; auto = oldest_first when "
+                "generation runs on a CPU (a decode step costs in proportion to its sequences), backend on a GPU")
     weight_push: Literal["auto", "changed", "all"] = _field(
         "auto", "what each weight sync sends the generation backends: changed = only the decoder layers with a "
                 "value that changed in the sampler's dtype (keeps one copy of the sent weights), all = every "

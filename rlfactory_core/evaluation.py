@@ -77,7 +77,8 @@ async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunCo
     from .rollout import rollout_metrics
 
     trajectories, scored, _ = await engine.rollout(
-        samples, rollout_config_for(config, -1, temperature=config.eval.temperature), group_size=1, rewards="eval")
+        samples, rollout_config_for(config, -1, temperature=config.eval.temperature), group_size=1, rewards="eval",
+        priority=step)  # the trainer waits for it: before the rollouts of later steps
     metrics = scored.metrics("eval/reward")
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(tool_metrics("eval/tools", rollout_stats, trajectories))

@@ -119,7 +119,7 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
         taken, batch_samples = next_prompts(run, positions[-1] + 1 if positions else position, count)
         positions += taken
         result = await run.engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),
-                                          group_size=g.group_size, rewards="train")
+                                          group_size=g.group_size, rewards="train", priority=step)
         assembler.add(result.trajectories, with_overlong_penalty(result.trajectories, result.scored, config))
         samples += batch_samples
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest

@@ -130,7 +130,8 @@ class GroupStream:
         groups = []
         try:
             stream = self.run.engine.rollout_groups(samples, rollout_config_for(config, step, attempt=attempt),
-                                                    group_size=config.grpo.group_size, rewards="train")
+                                                    group_size=config.grpo.group_size, rewards="train",
+                                                    priority=step)
             async with contextlib.aclosing(stream):  # cancelled: the trajectories in flight are, too
                 async for group in stream:
                     groups.append(group)

@@ -75,12 +75,15 @@ class Engine(Protocol):
         checkpoint's state (``step``, ``position``, ``policy_version``), or None for a new run."""
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                      rewards: str = "train") -> RolloutResult:
+                      rewards: str = "train", priority: int | None = None) -> RolloutResult:
         """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
-        rewards. Cancelling the call cancels the rollouts in flight."""
+        rewards. Cancelling the call cancels the rollouts in flight. ``priority``: the step the
+        rollout is for; where rollouts overlap, a backend may give older steps' turns the
+        generation first (``train.generation_order``, :mod:`rlfactory_core.rollout.priority`);
+        None: no order (the cold start, ``rlf eval``)."""
 
     def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                       rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+                       rewards: str = "train", priority: int | None = None) -> AsyncIterator[RolloutGroup]:
         """:meth:`rollout`, streamed: each sample's group, scored, as soon as it finished (in
         finish order; the same trajectories :meth:`rollout` gives). Closing the iterator
         cancels the rest; new weights may be synced while it runs."""

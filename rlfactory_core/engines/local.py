@@ -17,6 +17,7 @@ from typing import Any, AsyncIterator, Sequence
 
 from ..config import RunConfig
 from ..errors import ConfigError, one_line
+from ..rollout.priority import OldestFirstGate, gated
 from ..task import Task
 from ..threads import DaemonThreadPool
 from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
@@ -25,7 +26,7 @@ from ..training.update import update_policy
 from ..training.weight_push import ChangedWeights, pushes_changed_only
 from .base import RolloutGroup, RolloutResult, resumed_version
 
-__all__ = ["LocalEngine", "LocalRollout", "backend_for", "overlap_core_split"]
+__all__ = ["LocalEngine", "LocalRollout", "backend_for", "oldest_first", "overlap_core_split"]
 
 
 def backend_for(config: RunConfig, model_path: Path | str) -> Any:
@@ -40,6 +41,19 @@ def backend_for(config: RunConfig, model_path: Path | str) -> Any:
         raise ConfigError([f"backend_options: the {name!r} backend does not take these options "
                            f"({one_line(exc)})"], hint="vllm takes max_num_seqs, kv_cache_gib, ...; hf takes "
                                                     "max_batch_size, dtype, device") from exc
+
+
+def oldest_first(config: RunConfig) -> bool:
+    """Whether a rollout gives the oldest step's turns the backend first
+    (``train.generation_order``; :mod:`rlfactory_core.rollout.priority`): only the schedules
+    that overlap rollouts need an order; ``auto`` orders them when generation runs on a CPU."""
+    if config.train.mode == "sync" or config.train.generation_order == "backend":
+        return False
+    if config.train.generation_order == "oldest_first":
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def overlap_core_split(config: RunConfig) -> tuple[list[int], list[int]] | None:
@@ -66,14 +80,15 @@ class LocalRollout:
     """Rollout and rewards with one generation backend, in this process (also what each of
     the ray engine's rollout workers runs)."""
 
-    def __init__(self, task: Task, backend: Any, chat: Any):
-        self.task, self.backend, self.chat = task, backend, chat
+    def __init__(self, task: Task, backend: Any, chat: Any, gate: OldestFirstGate | None = None):
+        self.task, self.backend, self.chat, self.gate = task, backend, chat, gate
 
     @classmethod
     async def open(cls, config: RunConfig, task: Task, model_path: Path | str, tokenizer: Any,
                    processor: Any = None) -> LocalRollout:
         """The config's backend for ``model_path``, started (a backend that fails to start is
-        closed), with ``task`` and the model's chat template."""
+        closed), with ``task``, the model's chat template and, by ``train.generation_order``, the
+        gate that lets the oldest step's turns go first (:mod:`rlfactory_core.rollout.priority`)."""
         from ..rollout import ChatTemplate
 
         backend = backend_for(config, model_path)
@@ -83,18 +98,21 @@ class LocalRollout:
         except BaseException:
             await backend.close()
             raise
-        return cls(task, backend, ChatTemplate(tokenizer, processor=processor))
+        return cls(task, backend, ChatTemplate(tokenizer, processor=processor),
+                   OldestFirstGate() if oldest_first(config) else None)
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                      rewards: str = "train") -> RolloutResult:
+                      rewards: str = "train", priority: int | None = None) -> RolloutResult:
         """``group_size`` trajectories per sample, scored by the run's ``train`` or ``eval``
-        rewards; also the phases' times (``time/rollout``, ``time/reward``)."""
+        rewards, their turns generated at ``priority`` (the step they are for: see
+        :class:`~rlfactory_core.engines.base.Engine`); also the phases' times (``time/rollout``,
+        ``time/reward``)."""
         from ..rollout import rollout
 
         t = time.perf_counter()
         trajectories = await rollout(samples, env=self.task.env, parser=self.task.parser,
-                                     tool_manager=self.task.tool_manager, backend=self.backend, chat=self.chat,
-                                     config=rollout_config, group_size=group_size)
+                                     tool_manager=self.task.tool_manager, backend=gated(self.backend, self.gate, priority),
+                                     chat=self.chat, config=rollout_config, group_size=group_size)
         times = {"time/rollout": time.perf_counter() - t}
         t = time.perf_counter()
         layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
@@ -103,14 +121,14 @@ class LocalRollout:
         return RolloutResult(trajectories, scored, times)
 
     async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                             rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+                             rewards: str = "train", priority: int | None = None) -> AsyncIterator[RolloutGroup]:
         """:meth:`rollout`, each sample's group scored and yielded as soon as it finished."""
         from ..rollout import rollout_groups
 
         layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
         stream = rollout_groups(samples, env=self.task.env, parser=self.task.parser,
-                                tool_manager=self.task.tool_manager, backend=self.backend, chat=self.chat,
-                                config=rollout_config, group_size=group_size)
+                                tool_manager=self.task.tool_manager, backend=gated(self.backend, self.gate, priority),
+                                chat=self.chat, config=rollout_config, group_size=group_size)
         async with contextlib.aclosing(stream):
             async for trajectories in stream:
                 index = trajectories[0].group
@@ -176,12 +194,14 @@ class LocalEngine:
         return state
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                      rewards: str = "train") -> RolloutResult:
-        return await self.generation.rollout(samples, rollout_config, group_size=group_size, rewards=rewards)
+                      rewards: str = "train", priority: int | None = None) -> RolloutResult:
+        return await self.generation.rollout(samples, rollout_config, group_size=group_size, rewards=rewards,
+                                             priority=priority)
 
     async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                             rewards: str = "train") -> AsyncIterator[RolloutGroup]:
-        stream = self.generation.rollout_groups(samples, rollout_config, group_size=group_size, rewards=rewards)
+                             rewards: str = "train", priority: int | None = None) -> AsyncIterator[RolloutGroup]:
+        stream = self.generation.rollout_groups(samples, rollout_config, group_size=group_size, rewards=rewards,
+                                                priority=priority)
         async with contextlib.aclosing(stream):
             async for group in stream:
                 yield group

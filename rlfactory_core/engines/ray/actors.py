@@ -274,20 +274,20 @@ class RolloutWorker:
             self.generation.backend.weight_version = version
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, group_size: int,
-                      rewards: str) -> tuple[list[Any], Any, dict[str, float]]:
+                      rewards: str, priority: int | None = None) -> tuple[list[Any], Any, dict[str, float]]:
         trajectories, scored, times = await self.generation.rollout(samples, rollout_config, group_size=group_size,
-                                                                    rewards=rewards)
+                                                                    rewards=rewards, priority=priority)
         for trajectory in trajectories:  # the env's live state stays here (connections, sandboxes)
             trajectory.env_state = None
         self.finished += 1
         return trajectories, scored, times
 
     async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, group_size: int,
-                             rewards: str) -> Any:
+                             rewards: str, priority: int | None = None) -> Any:
         """:meth:`rollout`, streamed (a Ray streaming generator): each sample's ``(index,
         trajectories, scored)`` as soon as its group finished."""
         async for index, trajectories, scored in self.generation.rollout_groups(
-                samples, rollout_config, group_size=group_size, rewards=rewards):
+                samples, rollout_config, group_size=group_size, rewards=rewards, priority=priority):
             for trajectory in trajectories:  # the env's live state stays here
                 trajectory.env_state = None
             yield index, trajectories, scored

@@ -287,7 +287,7 @@ class RayEngine:
         return worker
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                      rewards: str = "train") -> RolloutResult:
+                      rewards: str = "train", priority: int | None = None) -> RolloutResult:
         """The prompts in contiguous chunks, one per rollout worker, each with the sampling
         seeds its trajectories have on the local engine; a chunk whose worker dies runs
         again on its replacement."""
@@ -300,7 +300,8 @@ class RayEngine:
             while True:
                 worker = self.rollout_workers[index]
                 try:
-                    return await worker.rollout.remote(list(samples[start:end]), chunk_config, group_size, rewards)
+                    return await worker.rollout.remote(list(samples[start:end]), chunk_config, group_size, rewards,
+                                                       priority)
                 except ray.exceptions.RayTaskError as exc:  # raised in the worker: not a lost worker
                     raise _failure(f"rollout worker {index}", exc) from None
                 except ray.exceptions.RayActorError as exc:
@@ -318,7 +319,7 @@ class RayEngine:
         return RolloutResult(trajectories, ScoredBatch.concat([part[1] for part in parts]), times)
 
     async def rollout_groups(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
-                             rewards: str = "train") -> AsyncIterator[RolloutGroup]:
+                             rewards: str = "train", priority: int | None = None) -> AsyncIterator[RolloutGroup]:
         """:meth:`rollout`'s chunks, each worker streaming its groups back as they finish
         (a Ray streaming generator), so the trajectories are :meth:`rollout`'s. A worker that
         dies is replaced and runs its chunk again; the groups it had sent are not sent twice."""
@@ -333,7 +334,7 @@ class RayEngine:
             while True:
                 worker = self.rollout_workers[index]
                 generator = worker.rollout_groups.options(num_returns="streaming").remote(
-                    list(samples[start:end]), chunk_config, group_size, rewards)
+                    list(samples[start:end]), chunk_config, group_size, rewards, priority)
                 try:
                     async for ref in generator:
                         local, trajectories, scored = await ref
