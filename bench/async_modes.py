@@ -25,15 +25,19 @@ placement (the trainer rank and the rollout worker share the cores and take turn
 all of them: its best), and the overlapping arms run with ``ray.placement=separate`` (a core
 each, as the preflight requires).
 
-Core splits (``MODE:SPLIT`` in ``--arms``): ``shared`` (every phase on every core: vLLM's worker
+Core splits (``MODE:SPLIT[:ORDER]`` in ``--arms``; ``ORDER`` sets ``train.generation_order``,
+e.g. ``async:auto:backend`` for the order left to vLLM): ``shared`` (every phase on every core: vLLM's worker
 bound to all of them, torch's default threads for the update), ``split`` (vLLM's worker on the
-first core, ``VLLM_CPU_OMP_THREADS_BIND``, the update on one thread, ``train.threads=1``), or
-``auto`` (nothing set: what a run does by itself; an overlapping schedule splits the cores,
-:func:`rlfactory_core.engines.local.overlap_core_split`).
+first core, ``VLLM_CPU_OMP_THREADS_BIND``, the update on one thread, ``train.threads=1``), ``split_auto``
+or ``take_turns`` (``train.overlap_cores``: the run splits the cores by itself,
+:func:`rlfactory_core.engines.local.overlap_core_split`, or pauses generation while the update
+computes, :func:`rlfactory_core.engines.local.takes_turns`), or ``auto`` (nothing set: what a
+run does by itself).
 
     .venv/bin/python bench/async_modes.py --workload compute      # ~15 min on 2 cores
     .venv/bin/python bench/async_modes.py --workload latency      # ~15 min
     .venv/bin/python bench/async_modes.py --arms sync:shared one_step_off:shared async:shared async:split
+    .venv/bin/python bench/async_modes.py --seeds 0 1 2     # every arm per seed, interleaved: the spread
 """
 
 from __future__ import annotations
@@ -148,22 +152,26 @@ def latency_retriever(latency: tuple[float, float], seed: int = 0) -> Iterator[s
         server.wait(30)
 
 
-def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], work: Path,
+def run_arm(mode: str, split: str, order: str, seed: int, args: argparse.Namespace, extra: list[str], work: Path,
             sampler: CpuSampler) -> dict[str, Any]:
     """One ``rlf train`` run; its steady steps' records and throughputs."""
-    run_dir = work / f"{mode}-{split}-seed{args.seed}"
+    run_dir = work / f"{mode}-{split}-{order}-seed{seed}"
     env = dict(os.environ)
-    overrides = [f"train.mode={mode}", f"train.steps={args.steps}", f"train.seed={args.seed}",
+    overrides = [f"train.mode={mode}", f"train.steps={args.steps}", f"train.seed={seed}",
                  f"grpo.prompts_per_step={args.prompts}", f"grpo.group_size={args.group}", "eval.every=0",
                  f"data.eval_size={args.eval_size}", f"checkpoint.every={args.steps}", "logging.live=off",
                  "logging.tensorboard=false", f"backend={args.backend}"]
     if mode == "async":  # stale tokens need the decoupled objective's weight (a preflight rule)
         overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
+    if order != "auto":
+        overrides.append(f"train.generation_order={order}")
     if mode != "sync" and "engine=ray" in args.overrides:  # colocated roles take turns (a preflight rule)
         overrides.append("ray.placement=separate")
     if split == "split":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
         overrides.append("train.threads=1")
+    elif split in ("split_auto", "take_turns"):  # train.overlap_cores, the run's own way to share them
+        overrides.append(f"train.overlap_cores={split.replace('_auto', '')}")
     elif split == "shared":  # every core for each phase (for overlapping modes, the user's choice over the auto split)
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     argv = [sys.executable, "-m", "rlfactory_cli", "train", "--run-dir", str(run_dir), *extra, *overrides]
@@ -177,7 +185,7 @@ def run_arm(mode: str, split: str, args: argparse.Namespace, extra: list[str], w
     window = steps[args.steps - 1]["time"] - steps[1]["time"]
     minutes = window / 60
     samples = len(steady) * args.prompts * args.group
-    return {"mode": mode, "split": split, "records": steady, "wall_s": time.time() - started,
+    return {"mode": mode, "split": split if order == "auto" else f"{split}, order {order}", "seed": seed, "records": steady, "wall_s": time.time() - started,
             "busy": sampler.busy(steps[1]["time"], steps[args.steps - 1]["time"]),
             "steps_per_min": len(steady) / minutes, "samples_per_min": samples / minutes,
             "tokens_per_min": sum(r["train/trained_tokens"] for r in steady) / minutes,
@@ -192,12 +200,14 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="compute")
     parser.add_argument("--arms", nargs="+", default=["sync:auto", "one_step_off:auto", "async:auto"],
-                        help="MODE:SPLIT, the first a sync arm (the baseline and the bound's source)")
+                        help="MODE:SPLIT[:ORDER], the first a sync arm (the baseline and the bound's source); "
+                             "ORDER: train.generation_order (default auto)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--eval-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="train.seed of each run; the arms run interleaved, seed by seed")
     parser.add_argument("--max-staleness", type=int, default=1, help="the async arms' train.max_staleness")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--latency", type=float, nargs=2, default=(0.5, 1.0), metavar=("MIN", "MAX"))
@@ -206,33 +216,47 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.steps < 4:
         parser.error("--steps must be at least 4 (the steady steps are 2 to N-1)")
-    arms = [tuple(arm.split(":")) for arm in args.arms]
+    arms = [(*arm.split(":"), "auto")[:3] for arm in args.arms]
     if arms[0][0] != "sync":
         parser.error("the first arm must be a sync arm: the baseline and the bound come from it")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlf-async-modes-"))
-    results = []
+    by_seed: dict[int, list[dict[str, Any]]] = {}
     with CpuSampler() as sampler, contextlib.ExitStack() as stack:
         extra = list(WORKLOADS[args.workload])
         if args.workload == "latency":
-            url = stack.enter_context(latency_retriever(tuple(args.latency), args.seed))
+            url = stack.enter_context(latency_retriever(tuple(args.latency), args.seeds[0]))
             extra.append(f"env_options={{retriever: http, url: '{url}'}}")
-        for mode, split in arms:
-            print(f"running {mode} ({split}) ...", flush=True)
-            results.append(run_arm(mode, split, args, [*extra, *args.overrides], work, sampler))
-    base = results[0]
-    bound = bound_from_sync(base["records"], base["busy"])
+        for seed in args.seeds:
+            for mode, split, order in arms:
+                print(f"running {mode} ({split}, order {order}), seed {seed} ...", flush=True)
+                by_seed.setdefault(seed, []).append(run_arm(mode, split, order, seed, args,
+                                                            [*extra, *args.overrides], work, sampler))
     print(f"\nworkload {args.workload}, backend {args.backend}, {args.prompts} prompts x {args.group}, steady steps "
-          f"2-{args.steps - 1}, seed {args.seed}; nproc {os.cpu_count()}")
-    print(f"sync phases: rollout {bound['rollout_s']:.1f} s, the rest {bound['rest_s']:.1f} s a step; cores busy "
-          f"{bound['busy']:.2f}; bound {bound['bound']:.2f}x (without the CPU limit {bound['bound_without_cpu']:.2f}x)")
-    print("| mode | cores | steps/min | samples/min | tokens/min | vs sync (samples) | of the bound | "
-          "rollout wait s/step | stale tokens | cores busy | trained tokens/traj | turns/traj |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        ratio = r["samples_per_min"] / base["samples_per_min"]
-        print(f"| {r['mode']} | {r['split']} | {r['steps_per_min']:.2f} | {r['samples_per_min']:.1f} | "
-              f"{r['tokens_per_min']:.0f} | {ratio:.2f}x | {ratio / bound['bound']:.2f} | {r['rollout_wait_s']:.1f} | "
-              f"{r['stale_fraction']:.2f} | {r['busy']:.2f} | {r['tokens_per_traj']:.0f} | {r['turns_per_traj']:.2f} |")
+          f"2-{args.steps - 1}; nproc {os.cpu_count()}")
+    ratios: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for seed, results in by_seed.items():
+        base = results[0]
+        bound = bound_from_sync(base["records"], base["busy"])
+        print(f"\nseed {seed}: sync phases: rollout {bound['rollout_s']:.1f} s, the rest {bound['rest_s']:.1f} s a "
+              f"step; cores busy {bound['busy']:.2f}; bound {bound['bound']:.2f}x (without the CPU limit "
+              f"{bound['bound_without_cpu']:.2f}x)")
+        print("| mode | cores | steps/min | samples/min | tokens/min | vs sync (samples) | of the bound | "
+              "rollout wait s/step | stale tokens | cores busy | trained tokens/traj | turns/traj |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in results:
+            ratio = r["samples_per_min"] / base["samples_per_min"]
+            ratios.setdefault((r["mode"], r["split"]), []).append((ratio, ratio / bound["bound"]))
+            print(f"| {r['mode']} | {r['split']} | {r['steps_per_min']:.2f} | {r['samples_per_min']:.1f} | "
+                  f"{r['tokens_per_min']:.0f} | {ratio:.2f}x | {ratio / bound['bound']:.2f} | "
+                  f"{r['rollout_wait_s']:.1f} | {r['stale_fraction']:.2f} | {r['busy']:.2f} | "
+                  f"{r['tokens_per_traj']:.0f} | {r['turns_per_traj']:.2f} |")
+    if len(by_seed) > 1:
+        print(f"\nover seeds {', '.join(map(str, by_seed))}: mean (min-max), each run against its seed's sync run")
+        print("| mode | cores | vs sync (samples) | of the bound |\n|---|---|---|---|")
+        for (mode, split), values in ratios.items():
+            vs, of = [v for v, _ in values], [o for _, o in values]
+            print(f"| {mode} | {split} | {sum(vs) / len(vs):.2f}x ({min(vs):.2f}-{max(vs):.2f}) | "
+                  f"{sum(of) / len(of):.2f} ({min(of):.2f}-{max(of):.2f}) |")
     print(f"\nruns in {work}")
 
 

@@ -179,6 +179,12 @@ class TrainSection(_Section):
     max_staleness: int = _field(
         1, "modes other than sync: how many policy versions older than the trainer's a trained token's "
            "sampler may be", ge=0)
+    overlap_cores: Literal["auto", "split", "take_turns"] = _field(
+        "auto", "modes other than sync on the local engine with vLLM on a CPU: how generation and the update "
+                "share the cores. split = vLLM's worker on the first half, the update on the rest; take_turns = both "
+                "on every core, generation paused (its requests kept) while the update computes; auto = take_turns "
+                "(bench/README.md, async_modes). Setting train.threads or VLLM_CPU_OMP_THREADS_BIND keeps your "
+                "binding (no split)")
     generation_order: Literal["auto", "oldest_first", "backend"] = _field(
         "auto", "modes other than sync, when rollouts of several steps (or an eval) overlap: oldest_first = a "
                 "turn starts only when no older step's turn generates or waits (the step the trainer waits for "

@@ -268,20 +268,26 @@ def step_started(run: Run, step: int) -> None:
 
 
 def _shared_cores_warning(config: RunConfig) -> str | None:
-    """How an overlapping schedule shares a few CPU cores, everything in this process: split
+    """How an overlapping schedule shares a few CPU cores, everything in this process: in turns
+    (:func:`rlfactory_core.engines.local.takes_turns`), split
     (:func:`rlfactory_core.engines.local.overlap_core_split`), or a warning that both phases
     run on the same cores (measured slower than sync where both compute: bench/README.md)."""
-    from .engines.local import overlap_core_split
+    from .engines.local import overlap_core_split, takes_turns
 
     if config.train.mode == "sync" or config.engine != "local" or training_device(config).type != "cpu":
         return None
+    cores = len(os.sched_getaffinity(0))
+    if takes_turns(config):
+        return (f"train.mode={config.train.mode} on {cores} CPU core(s): generation pauses while the update "
+                f"computes (train.overlap_cores=take_turns), so each phase has every core and only the rollout's "
+                f"waits (tools, servers, judges) overlap the update; where both phases compute, overlap gains "
+                f"nothing on a CPU (bench/README.md, async_modes)")
     split = overlap_core_split(config)
     if split is not None:
         return (f"train.mode={config.train.mode} on {sum(map(len, split))} CPU cores: vLLM's worker on "
                 f"{_cores(split[0])}, the update on {_cores(split[1])}, so they overlap without oversubscribing "
                 f"(set train.threads or VLLM_CPU_OMP_THREADS_BIND to choose); where both phases compute, "
                 f"overlap gains nothing on a CPU (bench/README.md, async_modes)")
-    cores = len(os.sched_getaffinity(0))
     if cores > 4:
         return None
     return (f"train.mode={config.train.mode} overlaps rollout and training, but both run on the same {cores} CPU "

@@ -120,19 +120,30 @@ def test_schedule_combinations_that_cannot_work_are_reported_together():
     assert any(p.startswith("train.mode") for p in problems)
 
 
-def test_an_overlapping_schedule_splits_the_cpu_cores_between_vllm_and_the_update(monkeypatch):
-    from rlfactory_core.engines.local import overlap_core_split
+def test_an_overlapping_schedule_takes_turns_on_the_cpu_or_splits_its_cores(monkeypatch):
+    import torch
+
+    from rlfactory_core.engines.local import overlap_core_split, takes_turns
+
+    base = ["train.mode=async", "grpo.tis_cap=2", "backend=vllm", "train.device=cpu"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert takes_turns(load_config([], base))  # the default: auto = take_turns
+    assert overlap_core_split(load_config([], base)) is None
+    for overrides in (["train.mode=sync"], ["backend=hf"], ["train.overlap_cores=split"]):
+        assert not takes_turns(load_config([], [*base, *overrides])), overrides
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not takes_turns(load_config([], base))
 
     cores = sorted(os.sched_getaffinity(0))
-    overlapping = load_config([], ["train.mode=async", "grpo.tis_cap=2", "backend=vllm", "train.device=cpu"])
+    overlapping = load_config([], [*base, "train.overlap_cores=split"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
     expected = (cores[:len(cores) // 2], cores[len(cores) // 2:]) if len(cores) >= 2 else None
     assert overlap_core_split(overlapping) == expected
     # nothing to split, or the user chose
     for overrides in (["train.mode=sync"], ["backend=hf"], ["train.threads=1"]):
-        changed = load_config([], ["train.mode=async", "grpo.tis_cap=2", "backend=vllm", "train.device=cpu",
-                                   *overrides])
+        changed = load_config([], [*base, "train.overlap_cores=split", *overrides])
         assert overlap_core_split(changed) is None, overrides
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     assert overlap_core_split(overlapping) is None

@@ -254,6 +254,33 @@ class TestMechanicsOnATinyEngine:
         after = await backend.generate([1, 4093, 198], GREEDY)  # the engine carries on
         assert after.finish_reason in {"stop", "length"}
 
+    async def test_paused_freezes_requests_and_resumes_them_to_the_same_tokens(self, tiny, tokenizer, tiny_vllm_dir):
+        """``paused()`` (the update taking every core, ``train.overlap_cores: take_turns``): the
+        requests in flight make no progress inside the block and then finish, each sampling
+        the tokens it samples unpaused (seeded), on the weights it started on; a push waits
+        for the block."""
+        from safetensors.torch import load_file
+
+        backend, _ = tiny
+        samplings = [SamplingParams(temperature=1.0, max_tokens=300, seed=n) for n in range(4)]
+        prompts = [chat(tokenizer, f"Count to {n}.") for n in range(4)]
+        unpaused = await asyncio.gather(*(backend.generate(p, s) for p, s in zip(prompts, samplings)))
+        version = backend.weight_version
+        requests = [asyncio.ensure_future(backend.generate(p, s)) for p, s in zip(prompts, samplings)]
+        await asyncio.sleep(0.02)
+        async with backend.paused() as pausing_s:
+            frozen = {i for i, r in enumerate(requests) if not r.done()}
+            same_weights = load_file(tiny_vllm_dir / "model.safetensors").items()
+            push = asyncio.ensure_future(backend.update_weights(same_weights, version=version + 1))
+            await asyncio.sleep(0.5)
+            assert frozen and {i for i, r in enumerate(requests) if not r.done()} == frozen
+            assert not push.done()  # it takes the lock the pause holds
+        assert pausing_s >= 0
+        resumed = await asyncio.gather(*requests)
+        await push
+        assert [r.token_ids for r in resumed] == [r.token_ids for r in unpaused]
+        assert {r.policy_version for r in resumed} == {version}
+
     async def test_a_prompt_that_cannot_fit_fails_alone(self, tiny, tokenizer):
         backend, _ = tiny
         too_long = [tokenizer.eos_token_id] * backend.max_model_len

@@ -26,7 +26,7 @@ from ..training.update import update_policy
 from ..training.weight_push import ChangedWeights, pushes_changed_only
 from .base import RolloutGroup, RolloutResult, resumed_version
 
-__all__ = ["LocalEngine", "LocalRollout", "backend_for", "oldest_first", "overlap_core_split"]
+__all__ = ["LocalEngine", "LocalRollout", "backend_for", "oldest_first", "overlap_core_split", "takes_turns"]
 
 
 def backend_for(config: RunConfig, model_path: Path | str) -> Any:
@@ -56,24 +56,42 @@ def oldest_first(config: RunConfig) -> bool:
     return not torch.cuda.is_available()
 
 
+def takes_turns(config: RunConfig) -> bool:
+    """Whether an overlapping schedule (``train.mode`` other than sync) on the local engine with
+    vLLM on a CPU pauses generation while the update computes, both using every core
+    (``train.overlap_cores``: take_turns, the default). Both computing on the same cores at
+    once oversubscribed them (0.56-0.68x of sync); split between them, the update ran on half the
+    cores (0.84-0.93x on the compute-bound workload); taking turns, each phase has every core
+    while the rollout's waits (tools, servers) still overlap the update (bench/README.md,
+    ``bench/async_modes.py``)."""
+    import torch
+
+    if config.train.mode == "sync" or config.backend == "hf" or config.train.overlap_cores == "split":
+        return False
+    return training_device(config).type == "cpu" and not torch.cuda.is_available()
+
+
 def overlap_core_split(config: RunConfig) -> tuple[list[int], list[int]] | None:
     """``(rollout cores, update cores)`` for an overlapping schedule (``train.mode`` other than
-    sync) on the local engine on a CPU with vLLM: the first half of this process's cores for
-    vLLM's worker, the rest for the update (its threads and its thread's affinity). Both on
-    every core oversubscribed them: 0.56-0.68x of sync, against 0.85-1.00x split
-    (bench/README.md, ``bench/async_modes.py``). None when there is nothing to split (sync, a
-    GPU, one core, the hf backend) or the user chose (``train.threads``, vLLM's binding variables)."""
+    sync) on the local engine on a CPU with vLLM, with ``train.overlap_cores: split``: the first
+    half of this process's cores for vLLM's worker, the rest for the update (its threads and its
+    thread's affinity). None when the cores are not split (sync, ``take_turns``, a GPU, one
+    core, the hf backend) or the user chose (``train.threads``, vLLM's binding variables)."""
     import torch
 
     from ..rollout.backends.vllm_cpu import BINDING_VARIABLES
 
     cores = sorted(os.sched_getaffinity(0))
-    if config.train.mode == "sync" or config.backend == "hf" or config.train.threads or len(cores) < 2 \
+    if config.train.mode == "sync" or config.train.overlap_cores != "split" or config.backend == "hf" \
+            or config.train.threads or len(cores) < 2 \
             or any(name in os.environ for name in BINDING_VARIABLES) \
             or training_device(config).type != "cpu" or torch.cuda.is_available():
         return None
     half = len(cores) // 2
     return cores[:half], cores[half:]
+
+
+_NOT_PAUSED = contextlib.nullcontext()
 
 
 class LocalRollout:
@@ -207,8 +225,12 @@ class LocalEngine:
                 yield group
 
     async def update(self, batch: Any, step: int) -> dict[str, float]:
-        stats = await self._on_train_thread(update_policy, self.policy, self.reference, self.optimizer, batch,
-                                            self.config, step=step, packed=self.packed)
+        paused = getattr(self.backend, "paused", None) if takes_turns(self.config) else None
+        async with (paused() if paused is not None else _NOT_PAUSED) as pausing_s:
+            stats = await self._on_train_thread(update_policy, self.policy, self.reference, self.optimizer, batch,
+                                                self.config, step=step, packed=self.packed)
+        if pausing_s is not None:  # what taking turns cost the update: waiting for generation to pause
+            stats["time/pause_generation"] = pausing_s
         return_freed_memory()
         self.scheduler.step()
         self.policy_version += 1

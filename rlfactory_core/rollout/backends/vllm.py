@@ -94,7 +94,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, AsyncIterator, Iterable, Sequence
 
 from ...errors import ConfigError, ModelError, RLFactoryError, one_line
 from ...models import resolve_model
@@ -244,6 +244,22 @@ class VLLMBackend:
                 raise ModelError(f"loading new weights into vLLM failed: {_worker_error(exc)}",
                                  hint="names and shapes must be those of the HF checkpoint; layers that got "
                                  "no weights keep their old ones; " + _DEBUG_HINT) from exc
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[float]:
+        """Generation frozen for the block, every request kept with its KV cache and resumed
+        after it on the same weights (a push cannot land inside: it takes the update lock); yields
+        the seconds the pause took to take effect. For a CPU that the update needs whole
+        (``train.overlap_cores: take_turns``)."""
+        engine = await self._started_engine()
+        assert self._update_lock is not None
+        async with self._update_lock:
+            started = time.perf_counter()
+            await engine.pause_generation(mode="keep", clear_cache=False)
+            try:
+                yield time.perf_counter() - started
+            finally:
+                await engine.resume_generation()
 
     def _check_whole_layers(self, names: Sequence[str]) -> None:
         """A push may leave out layers, not parts of one: vLLM rebuilds a layer from the
