@@ -328,3 +328,26 @@ def test_a_run_killed_outright_resumes_from_its_checkpoint_training_each_prompt_
     stored = RunRecords(run_dir)  # the trajectories recorded: each step's once, none from the killed step
     assert all(sorted(r["sample_id"] for r in stored.list("train", record["step"])) ==
                sorted(record["samples"] * 2) for record in records)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="take_turns is the CPU's default")
+def test_async_on_vllm_pauses_generation_for_each_update_and_keeps_the_bound(tmp_path, default_model_dir, capsys):
+    """``train.overlap_cores: take_turns`` (the default on a CPU): every update runs with
+    generation paused (its requests kept: the chunks ahead resume after it, then a push drains
+    them), and the run trains every prompt once within the staleness bound, as with the hf
+    backend."""
+    pytest.importorskip("vllm")
+    from rlfactory_core.testing import build_tiny_model, train
+
+    model = build_tiny_model(tmp_path / "model", default_model_dir, hidden_size=64)
+    run_dir, steps = tmp_path / "run", 3
+    train(load_config([], [*TINY, "backend=vllm", "backend_options={kv_cache_gib: 0.25, max_model_len: 1024}",
+                           "train.max_staleness=2", f"train.steps={steps}", f"model.name={model}",
+                           f"run_dir={run_dir}"]))
+    assert "generation pauses while the update computes (train.overlap_cores=take_turns)" in capsys.readouterr().err
+    records = {r["step"]: r for r in read_metrics(run_dir)}
+    assert [s for step in range(1, steps + 1) for s in records[step]["samples"]] == _expected_samples(run_dir, steps)
+    for step in range(1, steps + 1):
+        assert records[step]["time/pause_generation"] >= 0
+        ages = [(step - 1) - v for v in _trained_versions(run_dir, step)]
+        assert ages and 0 <= min(ages) and max(ages) <= 2, (step, ages)
