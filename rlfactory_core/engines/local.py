@@ -62,7 +62,7 @@ def takes_turns(config: RunConfig) -> bool:
     (``train.overlap_cores``: take_turns, the default). On 2 cores, both computing on the same
     cores at once oversubscribed them (0.56-0.68x of sync); split between them, the update ran on
     one core (0.67-0.93x of sync where both phases compute); taking turns, each phase has every
-    core while the rollout's waits (tools, servers) still overlap the update (0.94-0.97x there,
+    core while the rollout's waits (tools, servers) still overlap the update (0.94-0.98x there over 3 seeds,
     and async 1.29x against split's 1.10x with 8-12 s searches: bench/README.md,
     ``bench/async_modes.py``)."""
     import torch
