@@ -17,6 +17,12 @@ _HARDWARE_SKIP_WORDS = ("GPU", "CUDA")
 _forbidden_skips: list[tuple[str, str]] = []
 
 
+def _is_xdist_worker(config) -> bool:
+    """A pytest-xdist worker (``make test`` runs two): it sees only its share of the suite, so
+    the whole-suite checks here run in the controller, from the reports and outputs it gets."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_runtest_logreport(report):
     if not os.environ.get("RLFACTORY_FORBID_SKIPS") or not report.skipped or hasattr(report, "wasxfail"):
         return
@@ -34,9 +40,41 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _is_xdist_worker(session.config):
+        # the controller checks skips from the reports it gets; it needs the hooks called here
+        session.config.workeroutput[_HOOKS_CALLED_KEY] = sorted(_hook_calls.called) if _hook_calls else []
+        return
     if _forbidden_skips and exitstatus == 0:
         session.exitstatus = 1
     _check_hook_coverage(session, session.exitstatus)
+
+
+# `make test` runs the suite on two pytest-xdist workers, a file at a time (``--dist loadfile``:
+# a file's module fixtures, a Ray cluster or a vLLM engine, start once), files in collection
+# order. The longest files go first, so that the short ones fill in around them and the two
+# workers finish together instead of one running a 6-minute file alone at the end
+# (durations of `make test`, 2026-12-01: bench/README.md "make test").
+LONGEST_FILES_FIRST = (
+    "tests/test_ray_engine.py",
+    "tests/test_learning.py",
+    "tests/test_async_mode.py",
+    "tests/test_vllm_backend.py",
+    "plugins/rlfactory-plugin-android/tests/test_android_screenshots.py",
+    "tests/test_models.py",
+    "plugins/rlfactory-plugin-qwq-judge/tests/test_qwq_judge_local.py",
+)
+_ROOT = os.path.dirname(os.path.abspath(__file__))
+for _path in LONGEST_FILES_FIRST:  # a renamed file would silently fall back to collection order
+    assert os.path.isfile(os.path.join(_ROOT, _path)), f"conftest.py LONGEST_FILES_FIRST: {_path} is gone; update it"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FILES_FIRST)}
+
+    def file_rank(item):
+        return rank.get(os.path.relpath(str(item.path), _ROOT).replace(os.sep, "/"), len(rank))
+
+    items.sort(key=file_rank)  # stable: the rest keep their order
 
 
 # Every hook must be proven called by some test: pluggy's hook-call monitoring records the
@@ -49,6 +87,7 @@ HOOK_COVERAGE_ENV = "RLFACTORY_HOOK_COVERAGE"
 _hook_calls = None
 _deselected = []
 _never_called: list[str] = []
+_HOOKS_CALLED_KEY = "rlfactory_hooks_called"
 
 
 def pytest_configure(config):
@@ -57,6 +96,13 @@ def pytest_configure(config):
 
     _hook_calls = HookCallRecorder()
     _hook_calls.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker finished; add the hooks its tests called."""
+    if _hook_calls is not None:
+        _hook_calls.called.update(getattr(node, "workeroutput", {}).get(_HOOKS_CALLED_KEY, []))
 
 
 def pytest_deselected(items):

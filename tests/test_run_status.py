@@ -141,3 +141,38 @@ def test_one_trainer_holds_a_run_and_only_it_counts_as_its_process(tmp_path):
     with hold_run(tmp_path):  # released with the process, however it ended
         assert holds_run(os.getpid(), tmp_path)
     assert not holds_run(os.getpid(), tmp_path)
+
+
+def test_a_run_that_wrote_its_end_but_still_holds_the_run_is_exiting_and_not_resumed(tmp_path):
+    """Between its end in status.json and its exit a run closes its engines (seconds, minutes
+    on a loaded machine): a resume then would find the run in use. still_exiting says so, the
+    UI's summary carries it (its Resume button waits) and the launcher's refusal says why."""
+    from rlfactory_cli.ui.launcher import LaunchError, Launcher
+    from rlfactory_cli.ui.runs_data import RunsData
+
+    from rlfactory_core.run_status import still_exiting
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("env: arithmetic\ntrain: {steps: 8}\n")
+    (run_dir / "checkpoints" / "step-000003").mkdir(parents=True)
+    exiting = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                                "from rlfactory_core.run_status import StatusWriter, hold_run\n"
+                                f"lock = hold_run({str(run_dir)!r})\n"
+                                f"status = StatusWriter(__import__('pathlib').Path({str(run_dir)!r}), steps=8).start()\n"
+                                "status.end('interrupted', 'stopped; step 3 is saved')\n"
+                                "print('ended', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert exiting.stdout.readline().strip() == "ended"
+        status = read_status(run_dir)
+        assert status.state == "interrupted" and still_exiting(run_dir, status)
+        assert RunsData(tmp_path).summary(run_dir)["exiting"] is True
+        with pytest.raises(LaunchError, match=f"run has interrupted but its process \\(pid {exiting.pid}\\) is "
+                                              f"still exiting: resume once it has"):
+            Launcher(tmp_path).resume("run")
+    finally:
+        exiting.kill()
+        exiting.wait()
+    status = read_status(run_dir)
+    assert status.state == "interrupted" and not still_exiting(run_dir, status)
+    assert RunsData(tmp_path).summary(run_dir)["exiting"] is False

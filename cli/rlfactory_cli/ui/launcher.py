@@ -63,7 +63,11 @@ class Launcher:
         with self.lock:
             child = self.children.get(name)
         if status.state == "running" or (child is not None and child.poll() is None) or _in_use(run_dir):
-            raise LaunchError(f"{name} is running (pid {status.pid or child and child.pid}): stop it first")
+            pid = status.pid or child and child.pid
+            if status.state in ("finished", "failed", "interrupted"):
+                raise LaunchError(f"{name} has {status.state} but its process (pid {pid}) is still exiting: "
+                                  f"resume once it has")
+            raise LaunchError(f"{name} is running (pid {pid}): stop it first")
         if not (run_dir / "config.yaml").exists():
             raise LaunchError(f"{name} has no config.yaml: it never started, so there is nothing to resume")
         if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):

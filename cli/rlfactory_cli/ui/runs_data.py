@@ -23,7 +23,7 @@ from typing import Any, Callable
 from rlfactory_core.errors import RLFactoryError
 from rlfactory_core.metrics import read_metrics
 from rlfactory_core.records import RecordError, RunRecords, scalar_schema
-from rlfactory_core.run_status import read_status
+from rlfactory_core.run_status import read_status, still_exiting
 
 from .security import PathRefused, run_dir_of
 
@@ -155,7 +155,8 @@ class RunsData:
             "steps": status.steps if status.steps is not None else _get(config, "train", "steps"),
             "env": _get(config, "env"), "model": _get(config, "model", "name"), "engine": _get(config, "engine"),
             "seed": _get(config, "train", "seed"), "held_out": held_out, "started_at": started,
-            "updated_at": status.updated_at, "pid": status.pid, "errors": errors,
+            "updated_at": status.updated_at, "pid": status.pid, "exiting": still_exiting(run_dir, status),
+            "errors": errors,
         })
 
     def run(self, name: str) -> dict[str, Any]:

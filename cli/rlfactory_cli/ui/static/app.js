@@ -183,14 +183,16 @@ async function showRun(name) {
       const r = await post(`/api/runs/${enc(name)}/stop`);
       message.textContent = r.ok ? `sent SIGTERM to ${r.body.pid}: the run checkpoints and stops` : r.body.error;
     }}, "Stop");
-    const resume = h("button", {id: "resume", disabled: body.state === "running" || acting, onclick: async () => {
+    // a run that wrote its end may still be closing its engines: resume once its process is gone
+    const resume = h("button", {id: "resume", disabled: body.state === "running" || body.exiting || acting, onclick: async () => {
       resume.disabled = true;
       acting = true;
       const r = await post(`/api/runs/${enc(name)}/resume`);
       message.textContent = r.ok ? "resuming" : r.body.error;
       setTimeout(() => { acting = false; }, 15000);  // until its status says running
     }}, "Resume");
-    const message = h("span", {id: "run-message", class: "muted"}, body.message || "");
+    const message = h("span", {id: "run-message", class: "muted"},
+      body.exiting ? `${body.message ? body.message + "; " : ""}its process is still exiting` : body.message || "");
     put(head, 
       h("h1", {}, body.name, " ", stateBadge(body.state, body.message)),
       h("div", {class: "toolbar"}, stop, resume, message),
