@@ -49,7 +49,8 @@ RAY_ROLES = ["engine=ray", "ray.trainer.workers=2", "ray.trainer.cpus=0.5", "ray
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    # as the engine starts its own (engine.py): workers at nice 0, or `make test`'s other worker starves them
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", _system_config={"worker_niceness": 0})
     yield
     ray.shutdown()
 

@@ -126,7 +126,12 @@ class RayEngine:
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise RLFactoryError(f"cannot join the Ray cluster at {address}: {one_line(exc)}", hint=hint) from exc
         else:
-            ray.init(num_cpus=self.config.ray.num_cpus, num_gpus=self.config.ray.num_gpus, **quiet)
+            # Ray nices its workers to 15 to keep its own daemons responsive; in a cluster started
+            # for this run the workers are the training, and at nice 15 any other busy process on
+            # the machine takes their cores (a warm-up on two ranks beside two busy loops: 40 s
+            # at nice 0, over 600 s at 15; bench/README.md "make test").
+            ray.init(num_cpus=self.config.ray.num_cpus, num_gpus=self.config.ray.num_gpus,
+                     _system_config={"worker_niceness": 0}, **quiet)
             self.started_ray = True
 
     def _demands(self) -> list[tuple[str, int, dict[str, float]]]:
