@@ -9,9 +9,11 @@ TORCH_VERSION ?= 2.13.0
 # Every first-party plugin: plugins/* and the distributions in contrib/ (not its template).
 PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)
 STAMP := $(VENV)/.installed-stamp
-# pytest-xdist workers of `make test` (0: one process). Two suit CI's 2 cores; more share the
-# same cores and memory (each may hold a vLLM engine or a Ray cluster).
-TEST_WORKERS ?= 2
+# pytest-xdist workers of `make test` (0: one process, the default). On CI's 2 cores and 23 GB
+# two workers overlapped heavy tests: two vLLM engines spinning on the same cores (a 4-minute
+# test took 13), and a Ray run beside a vLLM one ran the node out of memory (bench/README.md
+# "make test"). On a machine with cores and memory to spare, `make test TEST_WORKERS=4`.
+TEST_WORKERS ?= 0
 
 .PHONY: install browser test docs check-docs clean
 
@@ -51,8 +53,7 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) Makefile
 test: install
 	@# Skips fail here (conftest.py): everything is installed, so only a missing GPU may skip.
 	@# --durations: CI's log shows where its time goes (the whole run must stay under 25 minutes).
-	@# Two workers, a file at a time: a third of a serial run's time is spent waiting (process
-	@# starts, servers, sockets), which the other worker fills (bench/README.md "make test").
+	@# With workers, a file at a time: a file's module fixtures (a Ray cluster, a vLLM engine) start once.
 	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 docs:

@@ -18,7 +18,7 @@ _forbidden_skips: list[tuple[str, str]] = []
 
 
 def _is_xdist_worker(config) -> bool:
-    """A pytest-xdist worker (``make test`` runs two): it sees only its share of the suite, so
+    """A pytest-xdist worker (``make test TEST_WORKERS=N``): it sees only its share of the suite, so
     the whole-suite checks here run in the controller, from the reports and outputs it gets."""
     return hasattr(config, "workerinput")
 
@@ -49,11 +49,11 @@ def pytest_sessionfinish(session, exitstatus):
     _check_hook_coverage(session, session.exitstatus)
 
 
-# `make test` runs the suite on two pytest-xdist workers, a file at a time (``--dist loadfile``:
-# a file's module fixtures, a Ray cluster or a vLLM engine, start once), files in collection
-# order. The longest files go first, so that the short ones fill in around them and the two
-# workers finish together instead of one running a 6-minute file alone at the end
-# (durations of `make test`, 2026-12-01: bench/README.md "make test").
+# `make test TEST_WORKERS=N` runs the suite on N pytest-xdist workers, a file at a time
+# (``--dist loadfile``: a file's module fixtures, a Ray cluster or a vLLM engine, start once),
+# files in collection order. The longest files go first, so that the short ones fill in around
+# them and the workers finish together instead of one running a 6-minute file alone at the end
+# (durations of a serial `make test`, 2026-12-01: bench/README.md "make test").
 LONGEST_FILES_FIRST = (
     "tests/test_ray_engine.py",
     "tests/test_learning.py",
