@@ -157,9 +157,10 @@ def test_a_run_that_wrote_its_end_but_still_holds_the_run_is_exiting_and_not_res
     (run_dir / "config.yaml").write_text("env: arithmetic\ntrain: {steps: 8}\n")
     (run_dir / "checkpoints" / "step-000003").mkdir(parents=True)
     exiting = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                                "from pathlib import Path\n"
                                 "from rlfactory_core.run_status import StatusWriter, hold_run\n"
                                 f"lock = hold_run({str(run_dir)!r})\n"
-                                f"status = StatusWriter(__import__('pathlib').Path({str(run_dir)!r}), steps=8).start()\n"
+                                f"status = StatusWriter(Path({str(run_dir)!r}), steps=8).start()\n"
                                 "status.end('interrupted', 'stopped; step 3 is saved')\n"
                                 "print('ended', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
     try:

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from rlfactory_core.run_status import LOCK_FILE, holds_run, read_status
+from rlfactory_core.run_status import LOCK_FILE, holds_run, read_status, still_exiting
 
 from .security import run_dir_of
 
@@ -64,7 +64,7 @@ class Launcher:
             child = self.children.get(name)
         if status.state == "running" or (child is not None and child.poll() is None) or _in_use(run_dir):
             pid = status.pid or child and child.pid
-            if status.state in ("finished", "failed", "interrupted"):
+            if still_exiting(run_dir, status):
                 raise LaunchError(f"{name} has {status.state} but its process (pid {pid}) is still exiting: "
                                   f"resume once it has")
             raise LaunchError(f"{name} is running (pid {pid}): stop it first")
