@@ -9,11 +9,11 @@ TORCH_VERSION ?= 2.13.0
 # Every first-party plugin: plugins/* and the distributions in contrib/ (not its template).
 PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)
 STAMP := $(VENV)/.installed-stamp
-# pytest-xdist workers of `make test` (0: one process, the default). On CI's 2 cores and 23 GB
-# two workers overlapped heavy tests: two vLLM engines spinning on the same cores (a 4-minute
-# test took 13), and a Ray run beside a vLLM one ran the node out of memory (bench/README.md
-# "make test"). On a machine with cores and memory to spare, `make test TEST_WORKERS=4`.
-TEST_WORKERS ?= 0
+# pytest-xdist workers of `make test` (0: one process). Two on CI's 2 cores and 23 GB: the tests
+# that start vLLM engines and Ray clusters run one after another on one worker (two at once spin
+# against each other and run out of memory), the rest beside them on the other (conftest.py,
+# EXCLUSIVE_FILES; bench/README.md "make test"). More workers only spread the light files.
+TEST_WORKERS ?= 2
 
 .PHONY: install browser test docs check-docs clean
 
@@ -53,8 +53,9 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) Makefile
 test: install
 	@# Skips fail here (conftest.py): everything is installed, so only a missing GPU may skip.
 	@# --durations: CI's log shows where its time goes (the whole run must stay under 25 minutes).
-	@# With workers, a file at a time: a file's module fixtures (a Ray cluster, a vLLM engine) start once.
-	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	@# With workers, a file at a time (its module fixtures, a Ray cluster or a vLLM engine, start
+	@# once), the engine files one at a time on one worker, in conftest.py's order.
+	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
 
 docs:
 	$(PY) scripts/generate_plugins_md.py

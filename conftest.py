@@ -49,32 +49,42 @@ def pytest_sessionfinish(session, exitstatus):
     _check_hook_coverage(session, session.exitstatus)
 
 
-# `make test TEST_WORKERS=N` runs the suite on N pytest-xdist workers, a file at a time
-# (``--dist loadfile``: a file's module fixtures, a Ray cluster or a vLLM engine, start once),
-# files in collection order. The longest files go first, so that the short ones fill in around
-# them and the workers finish together instead of one running a 6-minute file alone at the end
-# (durations of a serial `make test`, 2026-12-01: bench/README.md "make test").
-LONGEST_FILES_FIRST = (
+# `make test` runs the suite on two pytest-xdist workers with ``--dist loadgroup``: every file
+# is a group, sent whole to one worker (its module fixtures, a Ray cluster or a vLLM engine,
+# start once), except EXCLUSIVE_FILES, which form one group, run one file after another on one
+# worker while the other worker takes the remaining files one at a time. Their tests start vLLM
+# engines and Ray clusters or train the 135M model: two of those at once on CI's 2 cores and
+# 23 GB spin against each other (a 4-minute test took 13) and run the node out of memory
+# (bench/README.md "make test"). They go first, the longest first, so the light files fill in
+# beside them. A new file that starts an engine or a cluster belongs here.
+EXCLUSIVE_FILES = (
     "tests/test_ray_engine.py",
     "tests/test_learning.py",
-    "tests/test_async_mode.py",
     "tests/test_vllm_backend.py",
+    "tests/test_async_mode.py",
     "plugins/rlfactory-plugin-android/tests/test_android_screenshots.py",
     "tests/test_models.py",
     "plugins/rlfactory-plugin-qwq-judge/tests/test_qwq_judge_local.py",
+    "tests/test_vision_vllm.py",
 )
+EXCLUSIVE_GROUP = "engines"
 _ROOT = os.path.dirname(os.path.abspath(__file__))
-for _path in LONGEST_FILES_FIRST:  # a renamed file would silently fall back to collection order
-    assert os.path.isfile(os.path.join(_ROOT, _path)), f"conftest.py LONGEST_FILES_FIRST: {_path} is gone; update it"
+for _path in EXCLUSIVE_FILES:  # a renamed file would silently lose its place
+    assert os.path.isfile(os.path.join(_ROOT, _path)), f"conftest.py EXCLUSIVE_FILES: {_path} is gone; update it"
 
 
+def _relative_path(item) -> str:
+    return os.path.relpath(str(item.path), _ROOT).replace(os.sep, "/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(session, config, items):
-    rank = {path: i for i, path in enumerate(LONGEST_FILES_FIRST)}
-
-    def file_rank(item):
-        return rank.get(os.path.relpath(str(item.path), _ROOT).replace(os.sep, "/"), len(rank))
-
-    items.sort(key=file_rank)  # stable: the rest keep their order
+    rank = {path: i for i, path in enumerate(EXCLUSIVE_FILES)}
+    items.sort(key=lambda item: rank.get(_relative_path(item), len(rank)))  # stable: the rest keep their order
+    if config.getoption("dist", "no") == "loadgroup":
+        for item in items:
+            path = _relative_path(item)
+            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP if path in rank else path))
 
 
 # Every hook must be proven called by some test: pluggy's hook-call monitoring records the
