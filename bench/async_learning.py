@@ -22,26 +22,59 @@ task has no warm-up, so it is also the warm-up-alone score), the majority answer
 frequent answer of the training split given to every question), and tools off (the untrained
 model answering without the calculator, ``env_options.use_tools=false``, via ``rlf eval``).
 
+``--workload latency`` runs deepsearch where the rollout waits: RL from the base model
+(``cold_start.source=off``) with dynamic sampling, its searches sent to ``rlf retriever serve``
+behind a proxy that holds each one ``--latency`` seconds (``bench/async_modes.py``'s latency
+workload), held-out exact match on the first ``--eval-size`` questions of the test split at
+the env's greedy evaluation. Its baselines: the untrained model (step 0: no warm-up here; the
+shipped recipe's demonstration warm-up alone is recorded in bench/README.md) and the training
+split's majority answer; the env has no tools-off mode.
+
     .venv/bin/python bench/async_learning.py                         # sync vs async, 3 seeds, 8 steps: ~50 min on 2 cores
     .venv/bin/python bench/async_learning.py --seeds 0 --steps 4     # a quick check
+    .venv/bin/python bench/async_learning.py --workload latency --steps 16 --eval-every 4 --eval-size 100 \
+        --max-staleness 2 --work-dir DIR     # ~40 min a seed: run again with the same DIR to reuse finished runs
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from async_modes import latency_retriever  # bench/: the script's own directory is on sys.path
+
+ACCURACY = "eval/reward/accuracy"  # the share of held-out answers judged right
 ARITHMETIC = ["--env", "arithmetic", "env_options={questions_per_episode: 1}", "rollout.max_turns=3",
               "rollout.max_tokens_per_turn=48", "rollout.sampling.temperature=0.7", "eval.temperature=0.7",
               "grpo.prompts_per_step=4", "grpo.group_size=8", "train.lr=1e-5"]
+
+
+# RL from the base model, where the rollout waits on its searches (the URL is added per run)
+DEEPSEARCH = ["--env", "deepsearch", "cold_start.source=off", "grpo.dynamic_sampling=true"]
+
+
+def workload_argv(args: argparse.Namespace) -> list[str]:
+    if args.workload == "arithmetic":
+        return ARITHMETIC
+    return [*DEEPSEARCH, f"env_options={{retriever: http, url: '{args.retriever_url}'}}"]
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def finished_evals(run_dir: Path, steps: int) -> bool:
+    """Whether ``run_dir`` holds a run that evaluated its last step."""
+    return (run_dir / "metrics.jsonl").is_file() and any(
+        r["step"] == steps and ACCURACY in r for r in read_records(run_dir))
 
 
 def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -53,19 +86,20 @@ def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[
                  f"backend={args.backend}"]
     if mode == "async":  # stale tokens need the decoupled objective's weight (a preflight rule)
         overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
-    argv = [sys.executable, "-m", "rlfactory_cli", "train", "--run-dir", str(run_dir), *ARITHMETIC, *overrides,
+    argv = [sys.executable, "-m", "rlfactory_cli", "train", "--run-dir", str(run_dir), *workload_argv(args), *overrides,
             *args.overrides]
-    started = time.time()
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{mode} seed {seed} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in records if "eval/reward/accuracy" in r]
+    if finished_evals(run_dir, args.steps):  # an interrupted bench, run again with its --work-dir
+        print(f"  reusing the finished run in {run_dir}", flush=True)
+    else:
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{mode} seed {seed} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    records = read_records(run_dir)
+    evals = [r for r in records if ACCURACY in r]
     if not evals or evals[0]["step"] != 0:
         raise RuntimeError(f"{mode} seed {seed}: no step-0 evaluation in {run_dir}")
     t0 = evals[0]["time"]
-    return {"mode": mode, "seed": seed, "wall_min": (time.time() - started) / 60,
-            "evals": [(r["step"], (r["time"] - t0) / 60, r["eval/reward/accuracy"]) for r in evals],
+    return {"mode": mode, "seed": seed, "evals": [(r["step"], (r["time"] - t0) / 60, r[ACCURACY]) for r in evals],
             "stale": [r.get("train/stale_token_fraction", 0.0) for r in records if r["step"] >= 1]}
 
 
@@ -89,14 +123,23 @@ def mean_curve(runs: list[dict[str, Any]]) -> list[tuple[int, float, float]]:
     return [(step, sum(m for m, _ in v) / len(v), sum(a for _, a in v) / len(v)) for step, v in sorted(by_step.items())]
 
 
-def majority_baseline(eval_size: int) -> tuple[str, float]:
+def majority_baseline(workload: str, eval_size: int) -> tuple[str, float]:
     """The training split's most frequent answer and its accuracy on the held-out questions."""
-    from rlfactory_arithmetic.env import ArithmeticEnv
+    if workload == "arithmetic":
+        from rlfactory_arithmetic.env import ArithmeticEnv
 
-    env = ArithmeticEnv(questions_per_episode=1)
-    answer, _ = collections.Counter(r["answer"] for r in env.dataset(split="train")).most_common(1)[0]
+        env = ArithmeticEnv(questions_per_episode=1)
+        answer, _ = collections.Counter(r["answer"] for r in env.dataset(split="train")).most_common(1)[0]
+        held_out = env.dataset(size=eval_size, split="test")
+        return answer, sum(r["answer"] == answer for r in held_out) / len(held_out)
+    from rlfactory_core import normalize_answer
+    from rlfactory_deepsearch.env import DeepSearchEnv
+
+    env = DeepSearchEnv()
+    answer, _ = collections.Counter(normalize_answer(r["answer"]) for r in env.dataset(split="train")).most_common(1)[0]
     held_out = env.dataset(size=eval_size, split="test")
-    return answer, sum(r["answer"] == answer for r in held_out) / len(held_out)
+    right = sum(answer in {normalize_answer(a) for a in r["golden_answers"]} for r in held_out)
+    return answer, right / len(held_out)
 
 
 def tools_off_baseline(args: argparse.Namespace, work: Path) -> float:
@@ -122,22 +165,30 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--max-staleness", type=int, default=1, help="the async arms' train.max_staleness")
     parser.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--workload", choices=["arithmetic", "latency"], default="arithmetic")
+    parser.add_argument("--latency", type=float, nargs=2, default=(8.0, 12.0), metavar=("MIN", "MAX"),
+                        help="seconds each search of the latency workload is held")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("overrides", nargs="*", help="more config overrides for every arm")
     args = parser.parse_args(argv)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlf-async-learning-"))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
-    for seed in args.seeds:
-        for mode in args.modes:
-            print(f"running {mode}, seed {seed} ...", flush=True)
-            run = run_arm(mode, seed, args, work)
-            runs[mode].append(run)
-            print("  " + ", ".join(f"step {s}: {a:.3f} at {m:.1f} min" for s, m, a in run["evals"]), flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.workload == "latency":
+            args.retriever_url = stack.enter_context(latency_retriever(tuple(args.latency)))
+        for seed in args.seeds:
+            for mode in args.modes:
+                print(f"running {mode}, seed {seed} ...", flush=True)
+                run = run_arm(mode, seed, args, work)
+                runs[mode].append(run)
+                print("  " + ", ".join(f"step {s}: {a:.3f} at {m:.1f} min" for s, m, a in run["evals"]), flush=True)
     print("baselines ...", flush=True)
-    majority, majority_accuracy = majority_baseline(args.eval_size)
-    tools_off = tools_off_baseline(args, work)
+    majority, majority_accuracy = majority_baseline(args.workload, args.eval_size)
+    tools_off = tools_off_baseline(args, work) if args.workload == "arithmetic" else None
 
-    print(f"\narithmetic, backend {args.backend}, {args.steps} steps of 4 prompts x 8, eval every {args.eval_every} "
+    what = ("arithmetic" if args.workload == "arithmetic" else
+            f"deepsearch from the base model, searches held {args.latency[0]:g}-{args.latency[1]:g} s")
+    print(f"\n{what}, backend {args.backend}, {args.steps} steps of 4 prompts x 8, eval every {args.eval_every} "
           f"on {args.eval_size} held-out questions; seeds {args.seeds}; nproc {os.cpu_count()}")
     steps = [s for s, _, _ in runs[args.modes[0]][0]["evals"]]
     print("| mode | " + " | ".join(f"step {s}" for s in steps) + " | minutes to last step | stale tokens |")
@@ -162,7 +213,7 @@ def main(argv: list[str]) -> None:
         print(f"- {mode}: final {curve[-1][2]:.3f} (seed spread {final_spread:.3f}; "
               f"{curve[-1][2] - target:+.3f} vs sync); sync's final accuracy {share}")
     print(f"\nbaselines: untrained (step 0 = warm-up alone) {base[0][2]:.3f}; majority answer {majority!r} "
-          f"{majority_accuracy:.3f}; tools off {tools_off:.3f}")
+          f"{majority_accuracy:.3f}" + (f"; tools off {tools_off:.3f}" if tools_off is not None else ""))
     print(f"runs in {work}")
 
 
