@@ -54,8 +54,8 @@ test: install
 	@# Skips fail here (conftest.py): everything is installed, so only a missing GPU may skip.
 	@# --durations: CI's log shows where its time goes (the whole run must stay under 25 minutes).
 	@# With workers, a file at a time (its module fixtures, a Ray cluster or a vLLM engine, start
-	@# once), the engine files one at a time on one worker, in conftest.py's order.
-	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25
+	@# once), the engine files one after another on one worker (conftest.py, EXCLUSIVE_FILES).
+	RLFACTORY_FORBID_SKIPS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 docs:
 	$(PY) scripts/generate_plugins_md.py

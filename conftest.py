@@ -49,14 +49,15 @@ def pytest_sessionfinish(session, exitstatus):
     _check_hook_coverage(session, session.exitstatus)
 
 
-# `make test` runs the suite on two pytest-xdist workers with ``--dist loadgroup``: every file
-# is a group, sent whole to one worker (its module fixtures, a Ray cluster or a vLLM engine,
-# start once), except EXCLUSIVE_FILES, which form one group, run one file after another on one
-# worker while the other worker takes the remaining files one at a time. Their tests start vLLM
-# engines and Ray clusters or train the 135M model: two of those at once on CI's 2 cores and
-# 23 GB spin against each other (a 4-minute test took 13) and run the node out of memory
-# (bench/README.md "make test"). They go first, the longest first, so the light files fill in
-# beside them. A new file that starts an engine or a cluster belongs here.
+# `make test` runs the suite on two pytest-xdist workers with ``--dist loadfile``, refined here
+# (pytest_xdist_make_scheduler): every file is sent whole to one worker (its module fixtures,
+# a Ray cluster or a vLLM engine, start once), and EXCLUSIVE_FILES form one unit, run one file
+# after another on one worker while the other worker takes the remaining files one at a time.
+# Their tests start vLLM engines and Ray clusters or train the 135M model: two of those at once
+# on CI's 2 cores and 23 GB spin against each other (a 4-minute test took 13) and run the node
+# out of memory (bench/README.md "make test"). They go first, the longest first, so that the
+# light files fill in beside them. A new file that starts an engine or a cluster belongs here.
+# (Not xdist's ``loadgroup``: with pytest 9.2 its group marks are lost, every test on its own.)
 EXCLUSIVE_FILES = (
     "tests/test_ray_engine.py",
     "tests/test_learning.py",
@@ -67,24 +68,33 @@ EXCLUSIVE_FILES = (
     "plugins/rlfactory-plugin-qwq-judge/tests/test_qwq_judge_local.py",
     "tests/test_vision_vllm.py",
 )
-EXCLUSIVE_GROUP = "engines"
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 for _path in EXCLUSIVE_FILES:  # a renamed file would silently lose its place
     assert os.path.isfile(os.path.join(_ROOT, _path)), f"conftest.py EXCLUSIVE_FILES: {_path} is gone; update it"
 
 
-def _relative_path(item) -> str:
-    return os.path.relpath(str(item.path), _ROOT).replace(os.sep, "/")
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(session, config, items):
     rank = {path: i for i, path in enumerate(EXCLUSIVE_FILES)}
-    items.sort(key=lambda item: rank.get(_relative_path(item), len(rank)))  # stable: the rest keep their order
-    if config.getoption("dist", "no") == "loadgroup":
-        for item in items:
-            path = _relative_path(item)
-            item.add_marker(pytest.mark.xdist_group(EXCLUSIVE_GROUP if path in rank else path))
+
+    def file_rank(item):
+        return rank.get(os.path.relpath(str(item.path), _ROOT).replace(os.sep, "/"), len(rank))
+
+    items.sort(key=file_rank)  # stable: the rest keep their order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's controller: ``--dist loadfile`` with EXCLUSIVE_FILES as one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class EnginesOneAtATime(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)  # the file, relative to the rootdir
+            return "engines: " + ", ".join(EXCLUSIVE_FILES) if path in EXCLUSIVE_FILES else path
+
+    return EnginesOneAtATime(config, log)
 
 
 # Every hook must be proven called by some test: pluggy's hook-call monitoring records the
