@@ -9,11 +9,13 @@ TORCH_VERSION ?= 2.13.0
 # Every first-party plugin: plugins/* and the distributions in contrib/ (not its template).
 PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)
 STAMP := $(VENV)/.installed-stamp
-# pytest-xdist workers of `make test` (0: one process). Two on CI's 2 cores and 23 GB: the tests
-# that start vLLM engines and Ray clusters run one after another on one worker (two at once spin
-# against each other and run out of memory), the rest beside them on the other (conftest.py,
-# EXCLUSIVE_FILES; bench/README.md "make test"). More workers only spread the light files.
-TEST_WORKERS ?= 2
+# pytest-xdist workers of `make test` (0: one process, the default). With workers, the files
+# that start vLLM engines and Ray clusters run one after another on one worker (conftest.py,
+# EXCLUSIVE_FILES) and the rest beside them. On CI's 2 cores that is no faster than one process:
+# vLLM's threads spin on both cores and starve the other worker (a UI test timed out; the
+# learning test took 408 s against 218; bench/README.md "make test"). On a machine with cores
+# to spare, `make test TEST_WORKERS=4`.
+TEST_WORKERS ?= 0
 
 .PHONY: install browser test docs check-docs clean
 

@@ -49,15 +49,17 @@ def pytest_sessionfinish(session, exitstatus):
     _check_hook_coverage(session, session.exitstatus)
 
 
-# `make test` runs the suite on two pytest-xdist workers with ``--dist loadfile``, refined here
-# (pytest_xdist_make_scheduler): every file is sent whole to one worker (its module fixtures,
+# `make test TEST_WORKERS=N` runs the suite on N pytest-xdist workers with ``--dist loadfile``,
+# refined here (pytest_xdist_make_scheduler): every file is sent whole to one worker (its module fixtures,
 # a Ray cluster or a vLLM engine, start once), and EXCLUSIVE_FILES form one unit, run one file
 # after another on one worker while the other worker takes the remaining files one at a time.
 # Their tests start vLLM engines and Ray clusters or train the 135M model: two of those at once
 # on CI's 2 cores and 23 GB spin against each other (a 4-minute test took 13) and run the node
 # out of memory (bench/README.md "make test"). They go first, the longest first, so that the
 # light files fill in beside them. A new file that starts an engine or a cluster belongs here.
-# (Not xdist's ``loadgroup``: with pytest 9.2 its group marks are lost, every test on its own.)
+# On 2 cores this is still no faster than one process (the default): vLLM's threads spin on
+# both cores and starve the other worker.
+# (Not xdist's ``loadgroup``: under pytest 9.2 its group marks are lost, pytest-xdist #1386.)
 EXCLUSIVE_FILES = (
     "tests/test_ray_engine.py",
     "tests/test_learning.py",
