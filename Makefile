@@ -11,7 +11,7 @@ PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)
 STAMP := $(VENV)/.installed-stamp
 # pytest-xdist workers of `make test` (0: one process, the default). With workers, the files
 # that start vLLM engines and Ray clusters run one after another on one worker (conftest.py,
-# EXCLUSIVE_FILES) and the rest beside them. On CI's 2 cores that is no faster than one process:
+# EXCLUSIVE_FILES) and the rest beside them. On CI's 2 cores that saved 7 % and lost a test:
 # vLLM's threads spin on both cores and starve the other worker (a UI test timed out; the
 # learning test took 408 s against 218; bench/README.md "make test"). On a machine with cores
 # to spare, `make test TEST_WORKERS=4`.
