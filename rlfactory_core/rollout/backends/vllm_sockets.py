@@ -13,15 +13,15 @@ killed outright). A user who sets ``VLLM_RPC_BASE_PATH`` keeps theirs, untouched
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
 
+from ..._proc import remove_dead_process_directories
+
 __all__ = ["private_socket_directory", "remove_socket_directory"]
 
 _PREFIX = "rlf-vllm-"
-_NAME = re.compile(re.escape(_PREFIX) + r"(\d+)-")
 
 
 def private_socket_directory() -> str | None:
@@ -30,10 +30,7 @@ def private_socket_directory() -> str | None:
     if "VLLM_RPC_BASE_PATH" in os.environ:
         return None
     base = Path(tempfile.gettempdir())
-    for leftover in base.glob(_PREFIX + "*"):
-        match = _NAME.match(leftover.name)
-        if match and leftover.is_dir() and not _alive(int(match.group(1))):
-            shutil.rmtree(leftover, ignore_errors=True)
+    remove_dead_process_directories(base, _PREFIX)
     # short: a socket's path must fit in 107 bytes, and vLLM adds a 36-character UUID
     return tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=base)
 
@@ -43,12 +40,3 @@ def remove_socket_directory(path: str | None) -> None:
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True

@@ -45,7 +45,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-from ..._proc import process_exists
+from ..._proc import remove_dead_process_directories
 from ...errors import ModelError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -148,14 +148,7 @@ def remove_orphaned_staging(root: str) -> list[Path]:
     killed mid-update leaves its shards, ~0.5 GB of RAM in /dev/shm for the default model).
     The directory names carry the writer's pid; others' live processes are left alone.
     Returns what was removed."""
-    removed = []
-    for path in Path(root).glob(f"{STAGING_PREFIX}*-*"):
-        pid = path.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or process_exists(int(pid)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        if not path.exists():
-            removed.append(path)
+    removed = remove_dead_process_directories(root, STAGING_PREFIX)
     if removed:
         log.debug("removed %d weight staging directories of finished processes from %s", len(removed), root)
     return removed
