@@ -51,6 +51,8 @@ from typing import Any
 
 from async_modes import latency_retriever  # bench/: the script's own directory is on sys.path
 
+from rlfactory_core.metrics import read_metrics
+
 ACCURACY = "eval/reward/accuracy"  # the share of held-out answers judged right
 ARITHMETIC = ["--env", "arithmetic", "env_options={questions_per_episode: 1}", "rollout.max_turns=3",
               "rollout.max_tokens_per_turn=48", "rollout.sampling.temperature=0.7", "eval.temperature=0.7",
@@ -67,14 +69,13 @@ def workload_argv(args: argparse.Namespace) -> list[str]:
     return [*DEEPSEARCH, f"env_options={{retriever: http, url: '{args.retriever_url}'}}"]
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def finished_evals(run_dir: Path, steps: int) -> bool:
-    """Whether ``run_dir`` holds a run that evaluated its last step."""
-    return (run_dir / "metrics.jsonl").is_file() and any(
-        r["step"] == steps and ACCURACY in r for r in read_records(run_dir))
+    """Whether ``run_dir`` holds a run of ``steps`` steps that evaluated its last one (the
+    other settings are not compared: reuse a work directory only with the same arguments)."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        return False
+    records = read_metrics(run_dir)
+    return max(r["step"] for r in records) == steps and any(r["step"] == steps and ACCURACY in r for r in records)
 
 
 def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -94,7 +95,7 @@ def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{mode} seed {seed} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    records = read_records(run_dir)
+    records = read_metrics(run_dir)
     evals = [r for r in records if ACCURACY in r]
     if not evals or evals[0]["step"] != 0:
         raise RuntimeError(f"{mode} seed {seed}: no step-0 evaluation in {run_dir}")
