@@ -20,10 +20,11 @@ Workloads:
 * ``latency``: deepsearch against ``rlf retriever serve`` over HTTP (``HTTPRetriever``), behind
   a proxy that holds each request ``--latency`` seconds (uniform in the range): the rollout waits.
 
-On the ray engine (``engine=ray`` among the overrides), sync keeps the default colocated
+On the ray engine (``engine=ray`` among the overrides), ``auto`` keeps the default colocated
 placement (the trainer rank and the rollout worker share the cores and take turns, each using
-all of them: its best), and the overlapping arms run with ``ray.placement=separate`` (a core
-each, as the preflight requires).
+all of them: in sync one phase after the other, in the overlapping modes with generation
+paused while the update computes), and ``separate`` sets ``ray.placement=separate`` (a core
+each, both at once).
 
 Core splits (``MODE:SPLIT[:ORDER]`` in ``--arms``; ``ORDER`` sets ``train.generation_order``,
 e.g. ``async:auto:backend`` for the order left to vLLM): ``shared`` (every phase on every core: vLLM's worker
@@ -31,8 +32,8 @@ bound to all of them, torch's default threads for the update), ``split`` (vLLM's
 first core, ``VLLM_CPU_OMP_THREADS_BIND``, the update on one thread, ``train.threads=1``), ``split_auto``
 or ``take_turns`` (``train.overlap_cores``: the run splits the cores by itself,
 :func:`rlfactory_core.engines.local.overlap_core_split`, or pauses generation while the update
-computes, :func:`rlfactory_core.engines.local.takes_turns`), or ``auto`` (nothing set: what a
-run does by itself).
+computes, :func:`rlfactory_core.engines.local.takes_turns`), ``separate`` (the ray engine's
+roles on cores of their own, above), or ``auto`` (nothing set: what a run does by itself).
 
     .venv/bin/python bench/async_modes.py --workload compute      # ~15 min on 2 cores
     .venv/bin/python bench/async_modes.py --workload latency      # ~15 min
@@ -165,9 +166,9 @@ def run_arm(mode: str, split: str, order: str, seed: int, args: argparse.Namespa
         overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
     if order != "auto":
         overrides.append(f"train.generation_order={order}")
-    if mode != "sync" and "engine=ray" in args.overrides:  # colocated roles take turns (a preflight rule)
+    if split == "separate":  # the ray engine's roles each on their own cores
         overrides.append("ray.placement=separate")
-    if split == "split":
+    elif split == "split":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "0"
         overrides.append("train.threads=1")
     elif split in ("split_auto", "take_turns"):  # train.overlap_cores, the run's own way to share them
@@ -219,6 +220,10 @@ def main(argv: list[str]) -> None:
     arms = [(*arm.split(":"), "auto")[:3] for arm in args.arms]
     if arms[0][0] != "sync":
         parser.error("the first arm must be a sync arm: the baseline and the bound come from it")
+    splits = {"auto", "shared", "split", "split_auto", "take_turns", "separate"}
+    for mode, split, _ in arms:
+        if split not in splits:
+            parser.error(f"--arms: {mode}:{split}: the cores are one of {', '.join(sorted(splits))}")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlf-async-modes-"))
     by_seed: dict[int, list[dict[str, Any]]] = {}
     with CpuSampler() as sampler, contextlib.ExitStack() as stack:

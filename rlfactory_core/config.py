@@ -180,11 +180,12 @@ class TrainSection(_Section):
         1, "modes other than sync: how many policy versions older than the trainer's a trained token's "
            "sampler may be", ge=0)
     overlap_cores: Literal["auto", "split", "take_turns"] = _field(
-        "auto", "modes other than sync on the local engine with vLLM on a CPU: how generation and the update "
-                "share the cores. split = vLLM's worker on the first half, the update on the rest; take_turns = both "
-                "on every core, generation paused (its requests kept) while the update computes; auto = take_turns "
-                "(bench/README.md, async_modes). Setting train.threads or VLLM_CPU_OMP_THREADS_BIND keeps your "
-                "binding (no split)")
+        "auto", "modes other than sync on the local engine on a CPU: how generation and the update share the "
+                "cores. split = vLLM's worker on the first half, the update on the rest (the hf backend cannot be "
+                "split: both on every core); take_turns = both on every core, generation paused (its requests "
+                "kept) while the update computes; auto = take_turns (bench/README.md, async_modes). Setting "
+                "train.threads or VLLM_CPU_OMP_THREADS_BIND keeps your binding (no split). The ray engine's roles "
+                "share cores by ray.placement instead")
     generation_order: Literal["auto", "oldest_first", "backend"] = _field(
         "auto", "modes other than sync, when rollouts of several steps (or an eval) overlap: oldest_first = a "
                 "turn starts only when no older step's turn generates or waits (the step the trainer waits for "
@@ -263,8 +264,10 @@ class RaySection(_Section):
     num_cpus: int | None = _field(None, "CPUs a started local cluster offers (default: this machine's)", ge=1)
     num_gpus: int | None = _field(None, "GPUs a started local cluster offers (default: the visible ones)", ge=0)
     placement: Literal["colocated", "separate"] = _field(
-        "colocated", "colocated: trainer and rollout worker i share bundle i (they take turns: rollout, then "
-                     "update); separate: each role has its own placement group")
+        "colocated", "colocated: trainer and rollout worker i share bundle i and take turns (sync: rollout, "
+                     "then update; other train.modes: generation pauses, its requests kept, while the update "
+                     "computes, so the rollout's waits still overlap it); separate: each role has its own "
+                     "placement group and both run at once")
     trainer: RayRole = _field(RayRole, "the FSDP2 trainer group (torch.distributed: gloo on CPU, NCCL on GPU)")
     rollout: RayRole = _field(RayRole, "rollout workers: each runs the agent loop and rewards with its own backend")
     judge: JudgeRole = _field(JudgeRole, "a pool for model-based rewards")

@@ -188,7 +188,7 @@ def schedule_problems(values: Mapping[str, Any]) -> list[str]:
     """What the schedule (``train.mode``) cannot do with the rest of the config, every
     problem at once (``values``: the config's, validated or raw)."""
     section = lambda name: values.get(name) if isinstance(values.get(name), Mapping) else {}  # noqa: E731
-    train, ray_section = section("train"), section("ray")
+    train = section("train")
     mode = train.get("mode", "sync")
     if mode == "sync" or not isinstance(mode, str):
         return []
@@ -202,11 +202,12 @@ def schedule_problems(values: Mapping[str, Any]) -> list[str]:
         problems.append(f"train.max_staleness: 0 allows no token older than the trainer's weights, but "
                         f"train.mode={mode} trains step k while step k+1 rolls out (its tokens are up to one "
                         f"version old); set train.max_staleness=1 or train.mode=sync")
-    overlapping = not (mode == "async" and train.get("max_staleness", 1) == 0)  # async at 0 is sync's order
-    if values.get("engine") == "ray" and ray_section.get("placement", "colocated") == "colocated" and overlapping:
-        problems.append(f"ray.placement: colocated trainer and rollout workers take turns, so train.mode={mode} "
-                        f"could not overlap them; set ray.placement=separate (each role its own resources) or "
-                        f"train.mode=sync")
+    cores = train.get("overlap_cores", "auto")
+    if values.get("engine") == "ray" and cores in ("split", "take_turns"):
+        placement = "separate" if cores == "split" else "colocated"
+        problems.append(f"train.overlap_cores: {cores} is the local engine's; on the ray engine the roles share "
+                        f"cores by ray.placement (colocated: they take turns, separate: each its own); set "
+                        f"ray.placement={placement} and leave train.overlap_cores at auto")
     return problems
 
 

@@ -311,6 +311,37 @@ async def test_update_weights_switches_to_the_new_weights_between_requests(model
     assert again.token_ids == expected_old and again.policy_version == backend.weight_version == 7
 
 
+async def test_paused_freezes_the_rows_and_resumes_them_to_the_same_tokens(model, backend):
+    """``paused()`` (the update taking every core, ``train.overlap_cores: take_turns``): no
+    decode step, admission or weight copy inside the block; after it, the row in flight
+    finishes with the tokens it samples unpaused (seeded) on the weights it started on, and a
+    push asked for inside lands after it, before the request that arrived behind the push."""
+    running, queued = prompts(5, 8)
+    seeded = SamplingParams(temperature=1.0, max_tokens=24, seed=1)
+    unpaused = await backend.generate(running, seeded)
+    steps = backend.stats()["decode_steps"]
+    first = asyncio.create_task(backend.generate(running, seeded))
+    while backend.stats()["decode_steps"] < steps + 3:
+        await asyncio.sleep(0.001)
+    async with backend.paused() as pausing_s:
+        frozen = backend.stats()
+        push = asyncio.create_task(backend.update_weights(tiny_model(seed=7).state_dict().items()))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(backend.generate(queued, GREEDY))
+        await asyncio.sleep(0.3)
+        assert backend.stats() == frozen and not (first.done() or second.done() or push.done())
+    assert pausing_s >= 0
+    await asyncio.gather(first, second, push)
+    assert first.result().token_ids == unpaused.token_ids and first.result().policy_version == 0
+    assert second.result().policy_version == backend.weight_version == 1
+    async with backend.paused():  # nothing running: takes effect at once
+        pass
+    await backend.close()
+    with pytest.raises(RLFactoryError, match="closed"):
+        async with backend.paused():
+            pass
+
+
 async def test_update_weights_refuses_unknown_names_and_wrong_shapes(model, backend):
     prompt = prompts(5)[0]
     weights = dict(tiny_model(seed=7).state_dict())

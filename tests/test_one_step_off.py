@@ -53,9 +53,9 @@ def test_one_step_off_trains_every_prompt_once_with_tokens_at_most_one_version_o
                               f"run_dir={run_dir}"]))
     records = {r["step"]: r for r in read_metrics(run_dir)}
     assert sorted(records) == [0, 1, 2, 3]
-    # on a few cores the user is told that overlap shares them (measured slower where both compute)
-    shared = "warning: train.mode=one_step_off overlaps rollout and training, but both run on the same"
-    assert (shared in capsys.readouterr().err) == (len(os.sched_getaffinity(0)) <= 4)
+    # on a CPU the user is told how the phases share the cores: the hf backend takes turns too
+    assert "warning: train.mode=one_step_off on " in capsys.readouterr().err
+    assert all(records[step]["time/pause_generation"] >= 0 for step in range(1, steps + 1))
     # the same prompts, in the same order, as a synchronous run: each trained once
     assert [s for step in range(1, steps + 1) for s in records[step]["samples"]] == _expected_samples(run_dir, steps)
     for step in range(1, steps + 1):
@@ -110,12 +110,14 @@ def test_schedule_combinations_that_cannot_work_are_reported_together():
     from rlfactory_core.preflight import preflight
 
     _, problems = preflight(overrides=["train.mode=one_step_off", "train.max_staleness=0", "engine=ray",
-                                       "ray.placement=colocated", "train.steps=0"])
+                                       "train.overlap_cores=split", "train.steps=0"])
     assert any(p.startswith("train.max_staleness: 0 allows no token older") for p in problems)
-    assert any(p.startswith("ray.placement: colocated trainer and rollout workers take turns") for p in problems)
+    assert any(p.startswith("train.overlap_cores: split is the local engine's") and "ray.placement=separate" in p
+               for p in problems)
     assert any("train.steps" in p for p in problems)  # the schema's own error, in the same report
-    _, problems = preflight(overrides=["train.mode=one_step_off", "engine=ray", "ray.placement=separate"])
-    assert not [p for p in problems if p.startswith(("train.", "ray."))]
+    for placement in ("colocated", "separate"):  # colocated roles take turns, separate ones run at once
+        _, problems = preflight(overrides=["train.mode=one_step_off", "engine=ray", f"ray.placement={placement}"])
+        assert not [p for p in problems if p.startswith(("train.", "ray."))], placement
     _, problems = preflight(overrides=["train.mode=overlapped"])
     assert any(p.startswith("train.mode") for p in problems)
 
@@ -124,12 +126,14 @@ def test_an_overlapping_schedule_takes_turns_on_the_cpu_or_splits_its_cores(monk
     import torch
 
     from rlfactory_core.engines.local import overlap_core_split, takes_turns
+    from rlfactory_core.run import _shared_cores_warning
 
     base = ["train.mode=async", "grpo.tis_cap=2", "backend=vllm", "train.device=cpu"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert takes_turns(load_config([], base))  # the default: auto = take_turns
     assert overlap_core_split(load_config([], base)) is None
-    for overrides in (["train.mode=sync"], ["backend=hf"], ["train.overlap_cores=split"]):
+    assert takes_turns(load_config([], [*base, "backend=hf"]))  # its generation thread cannot be given cores
+    for overrides in (["train.mode=sync"], ["train.overlap_cores=split"]):
         assert not takes_turns(load_config([], [*base, *overrides])), overrides
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not takes_turns(load_config([], base))
@@ -147,3 +151,12 @@ def test_an_overlapping_schedule_takes_turns_on_the_cpu_or_splits_its_cores(monk
         assert overlap_core_split(changed) is None, overrides
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     assert overlap_core_split(overlapping) is None
+    # what the run says: turns, a split, or (a binding of the user's, hf asked to split) both on every core
+    assert "(train.overlap_cores=take_turns)" in _shared_cores_warning(load_config([], base))
+    for overrides in (["train.overlap_cores=split"], ["train.overlap_cores=split", "backend=hf"]):
+        warning = _shared_cores_warning(load_config([], [*base, *overrides]))
+        if len(cores) <= 4:
+            assert "but both run on the same" in warning, overrides
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    if len(cores) >= 2:
+        assert "vLLM's worker on core" in _shared_cores_warning(overlapping)

@@ -418,7 +418,8 @@ def test_a_local_checkpoint_resumes_on_the_ray_engine_with_separate_placement(ra
     """Steps of the ray engine with ``ray.placement=separate`` (2 trainer ranks and the
     rollout worker in placement groups of their own), resumed from a local checkpoint, in
     ``one_step_off``: step 3 rolls out on the worker while step 2 trains on the ranks. (``async``
-    takes the same path in the next test, through a kill and a stop.)"""
+    takes the colocated path, generation paused for each update, in the next test, through a
+    kill and a stop.)"""
     run_dir = tmp_path / "run"
     config = tiny_config(tiny_model_dir, "engine=local", "train.steps=1", "data.eval_size=2", "eval.every=0",
                          f"run_dir={run_dir}", "logging.tensorboard=false", "train.lr=1e-3",
@@ -471,9 +472,10 @@ train(load_config([], sys.argv[2:]), resume=sys.argv[1])
 
 def test_async_on_ray_trains_every_prompt_once_across_a_killed_worker_a_sigkill_a_stop_and_resumes(
         ray_cluster, tiny_model_dir, tmp_path, monkeypatch, capsys):
-    """``train.mode=async`` on the ray engine (separate placement, 2 trainer ranks, a rollout
-    worker streaming its groups, 2 steps rolled out ahead) from a local checkpoint: in step 2's
-    update the rollout worker is killed (replaced, its chunks run again); in step 3's the
+    """``train.mode=async`` on the ray engine (colocated: the rollout worker's generation paused
+    for each update; 2 trainer ranks, a rollout worker streaming its groups, 2 steps rolled out
+    ahead) from a local checkpoint: in step 2's update the paused rollout worker is killed
+    (replaced, its chunks run again); in step 3's the
     driver is SIGKILLed (nothing saved); the resume is stopped by SIGINT in step 4's update (step
     4 saved, steps 5-6 in flight dropped); the last resume finishes. Every step is logged and
     recorded once, each prompt trained once in the synchronous order, no token over the bound."""
@@ -487,8 +489,7 @@ def test_async_on_ray_trains_every_prompt_once_across_a_killed_worker_a_sigkill_
 
     run_dir = tmp_path / "run"
     overrides = [f"run_dir={run_dir}", "train.steps=6", "data.eval_size=2", "eval.every=0", "train.lr=1e-3",
-                 "logging.tensorboard=false", "logging.record_train_groups=4", "ray.placement=separate",
-                 "checkpoint.every=1"]
+                 "logging.tensorboard=false", "logging.record_train_groups=4", "checkpoint.every=1"]
     train(tiny_config(tiny_model_dir, *overrides, "engine=local", "train.steps=1"))
     on_ray = [*overrides, "train.mode=async", "train.max_staleness=2", "grpo.tis_cap=2.0"]
     argv = [str(run_dir), *tiny_overrides(tiny_model_dir, *on_ray)]
@@ -519,10 +520,12 @@ def test_async_on_ray_trains_every_prompt_once_across_a_killed_worker_a_sigkill_
     assert stopped.value.message.startswith("step 4 is saved")
     monkeypatch.setattr(ray_engine.RayEngine, "update", real)
     train(config, resume=run_dir)
-    assert "placement separate" in capsys.readouterr().out
+    assert "placement colocated (generation pauses while the ranks update)" in capsys.readouterr().out
 
     steps = [m for m in read_metrics(run_dir) if m["step"] >= 1]
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
+    # each update on ray took its turn, but step 2's: its worker was killed just before
+    assert [m["step"] for m in steps if m.get("time/pause_generation", -1) >= 0] == [3, 4, 5, 6]
     ids = [s["id"] for s in ArithmeticEnv().dataset(split="train")]
     assert [s for m in steps for s in m["samples"]] == [ids[i] for i in batch_indices(len(ids), 24, seed=0,
                                                                                          position=0)]

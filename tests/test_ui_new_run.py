@@ -231,10 +231,11 @@ def test_the_form_offers_the_schedule_and_says_what_it_cannot_do():
     field = new_run.form_schema()["fields"]["train.mode"]
     assert field["group"] == "main" and field["default"] == "sync"
     assert "one_step_off" in str(field)  # a choice of the select
-    result = new_run.validate({"train.mode": "one_step_off", "train.max_staleness": "0", "engine": "ray"})
+    result = new_run.validate({"train.mode": "one_step_off", "train.max_staleness": "0", "engine": "ray",
+                               "train.overlap_cores": "split"})
     keys = {error["key"]: error["message"] for error in result["errors"]}
     assert keys["train.max_staleness"].startswith("0 allows no token older")
-    assert keys["ray.placement"].startswith("colocated trainer and rollout workers take turns")
+    assert keys["train.overlap_cores"].startswith("split is the local engine's")
     assert new_run.validate({"train.mode": "one_step_off"})["ok"]
 
 

@@ -57,17 +57,19 @@ def oldest_first(config: RunConfig) -> bool:
 
 
 def takes_turns(config: RunConfig) -> bool:
-    """Whether an overlapping schedule (``train.mode`` other than sync) on the local engine with
-    vLLM on a CPU pauses generation while the update computes, both using every core
-    (``train.overlap_cores``: take_turns, the default). On 2 cores, both computing on the same
-    cores at once oversubscribed them (0.56-0.68x of sync); split between them, the update ran on
-    one core (0.67-0.93x of sync where both phases compute); taking turns, each phase has every
-    core while the rollout's waits (tools, servers) still overlap the update (0.94-0.98x there over 3 seeds,
-    and async 1.29x against split's 1.10x with 8-12 s searches: bench/README.md,
-    ``bench/async_modes.py``)."""
+    """Whether an overlapping schedule (``train.mode`` other than sync) on the local engine on a
+    CPU pauses generation while the update computes, both using every core
+    (``train.overlap_cores``: take_turns, the default). With vLLM on 2 cores, both computing on
+    the same cores at once oversubscribed them (0.56-0.68x of sync); split between them, the
+    update ran on one core (0.67-0.93x of sync where both phases compute); taking turns, each
+    phase has every core while the rollout's waits (tools, servers) still overlap the update
+    (0.94-0.98x there over 3 seeds, and async 1.29x against split's 1.10x with 8-12 s searches:
+    bench/README.md, ``bench/async_modes.py``). The hf backend generates on a thread of this
+    process, whose torch threads would contend with the update's the same way, and cannot be
+    given cores of its own: it takes turns too (``split`` leaves it on every core)."""
     import torch
 
-    if config.train.mode == "sync" or config.backend == "hf" or config.train.overlap_cores == "split":
+    if config.train.mode == "sync" or config.train.overlap_cores == "split":
         return False
     return training_device(config).type == "cpu" and not torch.cuda.is_available()
 

@@ -246,6 +246,7 @@ class RolloutWorker:
     def __init__(self, threads: int):
         quiet_worker(threads)
         self.finished = 0  # rollout calls that returned
+        self.pause: contextlib.AsyncExitStack | None = None  # generation paused for the ranks' update
 
     def pid(self) -> int:
         return os.getpid()
@@ -295,6 +296,22 @@ class RolloutWorker:
 
     async def update_weights(self, weights: list[tuple[str, Any]], version: int | None = None) -> float | None:
         return await self.generation.backend.update_weights(weights, version)
+
+    async def pause_generation(self) -> float | None:
+        """Freeze generation (the backend's ``paused()``) until :meth:`resume_generation`: the
+        seconds it took to take effect, or None for a backend that cannot pause."""
+        paused = getattr(self.generation.backend, "paused", None)
+        if paused is None or self.pause is not None:
+            return None
+        pause = contextlib.AsyncExitStack()
+        seconds = await pause.enter_async_context(paused())
+        self.pause = pause
+        return seconds
+
+    async def resume_generation(self) -> None:
+        pause, self.pause = self.pause, None
+        if pause is not None:
+            await pause.aclose()
 
     async def close(self) -> None:
         generation = getattr(self, "generation", None)

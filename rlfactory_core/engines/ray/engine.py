@@ -212,8 +212,9 @@ class RayEngine:
         self._connect()
         have = ray.cluster_resources()
         self._check_resources(have)
+        turns = " (generation pauses while the ranks update)" if self.takes_turns() else ""
         self._say(f"ray engine: {r.trainer.workers} trainer rank(s), {r.rollout.workers} rollout worker(s), "
-                  f"placement {r.placement}; cluster: {have.get('CPU', 0):g} CPU, {have.get('GPU', 0):g} GPU, "
+                  f"placement {r.placement}{turns}; cluster: {have.get('CPU', 0):g} CPU, {have.get('GPU', 0):g} GPU, "
                   f"{len(ray.nodes())} node(s)")
         if r.placement == "colocated":
             _, count, bundle = self._demands()[0]
@@ -413,10 +414,45 @@ class RayEngine:
                                  hint="resume from the last checkpoint with `rlf train --resume RUN_DIR` "
                                       "(engine ray or local)") from None
 
+    def takes_turns(self) -> bool:
+        """Colocated ranks and rollout workers in an overlapping schedule: generation pauses
+        while the ranks update (in ``sync`` nothing generates then)."""
+        return self.config.ray.placement == "colocated" and self.config.train.mode != "sync"
+
+    @contextlib.asynccontextmanager
+    async def _generation_paused(self) -> AsyncIterator[float | None]:
+        """Every rollout worker's generation frozen for the block, its requests kept, when
+        :meth:`takes_turns`; yields the longest any took to pause (None: none paused). A worker
+        found dead is left to the rollout's replacement; any other failure is raised."""
+        if not self.takes_turns():
+            yield None
+            return
+        workers = list(self.rollout_workers)
+        paused = await asyncio.gather(*(w.pause_generation.remote() for w in workers), return_exceptions=True)
+        try:
+            self._raise_unless_dead("pausing its generation for the update", paused)
+            seconds = [float(s) for s in paused if isinstance(s, (int, float))]
+            yield max(seconds) if seconds else None
+        finally:
+            resumed = await asyncio.gather(*(w.resume_generation.remote() for w in workers), return_exceptions=True)
+            self._raise_unless_dead("resuming its generation after the update", resumed)
+
+    @staticmethod
+    def _raise_unless_dead(what: str, answers: list[Any]) -> None:
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, ray.exceptions.RayActorError):
+                if isinstance(answer, ray.exceptions.RayTaskError):
+                    raise _failure(f"a rollout worker, {what}", answer) from None
+                raise answer
+
     async def update(self, batch: Any, step: int) -> dict[str, float]:
         batch_ref = ray.put(batch)
-        results = await self._trainer_call("the update", [t.update.remote(batch_ref, step) for t in self.trainers])
+        async with self._generation_paused() as pausing_s:
+            results = await self._trainer_call("the update",
+                                               [t.update.remote(batch_ref, step) for t in self.trainers])
         stats, trainer_logprobs = results[0]
+        if pausing_s is not None:  # what taking turns cost the update: waiting for generation to pause
+            stats["time/pause_generation"] = pausing_s
         if trainer_logprobs is not None:  # the engine protocol: as the local engine's update leaves it
             batch["trainer_logprobs"] = trainer_logprobs
         self.policy_version += 1

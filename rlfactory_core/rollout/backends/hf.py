@@ -70,7 +70,9 @@ is dropped at the next step.
 
 :meth:`HFBackend.update_weights` checks names and shapes at once (a bad update raises and
 changes nothing), then stops admitting, lets the active rows finish, copies the tensors in
-and resumes; requests queued meanwhile run on the new weights.
+and resumes; requests queued meanwhile run on the new weights. :meth:`HFBackend.paused`
+freezes the worker between two model calls for a block (an update that needs every core);
+a weight update asked for meanwhile waits for the block's end.
 
 :meth:`HFBackend.close` is idempotent. Requests still queued or running when it is called
 **return** a :class:`~.base.Generation` with ``finish_reason="abort"`` (with the tokens
@@ -82,6 +84,7 @@ other ended turn; a weight update still waiting fails with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -89,7 +92,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, AsyncIterator, Iterable, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -182,6 +185,8 @@ class HFBackend:
         self._pending: deque[Request] = deque()  # guarded by _cond
         self._updates: deque[_WeightUpdate] = deque()  # guarded by _cond
         self._closing = False  # guarded by _cond
+        self._pauses = 0  # guarded by _cond: paused() blocks open; the worker computes nothing while > 0
+        self._computing = False  # guarded by _cond: the worker is in a model call or a weight copy
         self._batch: Batch | None = None  # worker thread only
         self._stats = {"prefills": 0, "decode_steps": 0, "joined_running": 0, "max_rows": 0, "weight_updates": 0}
         self._weight_version = 0  # guarded by _cond
@@ -265,6 +270,30 @@ class HFBackend:
             self._cond.notify()
         await update.future
         return time.perf_counter() - held
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[float]:
+        """Generation frozen for the block: the model call under way finishes, then the worker
+        neither decodes, admits nor loads weights until the block ends; the running rows keep
+        their cache and carry on after it (a seeded request samples what it would have). Yields
+        the seconds the pause took to take effect. For a CPU that the update needs whole
+        (``train.overlap_cores: take_turns``)."""
+        started = time.perf_counter()
+        with self._cond:
+            self._ensure_open()
+            self._pauses += 1
+        try:
+            await asyncio.to_thread(self._wait_for_the_model_call)
+            yield time.perf_counter() - started
+        finally:
+            with self._cond:
+                self._pauses -= 1
+                self._cond.notify_all()
+
+    def _wait_for_the_model_call(self) -> None:
+        with self._cond:
+            while self._computing and not self._closing:
+                self._cond.wait()
 
     async def close(self) -> None:
         """Stop the worker; queued and running requests return ``finish_reason="abort"``.
@@ -378,10 +407,13 @@ class HFBackend:
         try:
             while True:
                 with self._cond:
-                    while not self._closing and not self._has_work():
+                    self._computing = False
+                    self._cond.notify_all()  # a pause waiting for the model call under way
+                    while not self._closing and (self._pauses or not self._has_work()):
                         self._cond.wait()
                     if self._closing:
                         break
+                    self._computing = True
                     updates = self._take_updates()
                     admitted = [] if updates else self._take_admissions()
                 if updates:
