@@ -161,6 +161,10 @@ class _Session:
         finally:
             self._connecting = None
             self.client = None
+            if self.spec.transport == "stdio":
+                with contextlib.suppress(OSError):
+                    if self.stderr_log.stat().st_size == 0:  # a server that said nothing leaves no file
+                        self.stderr_log.unlink()
             self._ready.set()
 
     async def _on_message(self, message: Any) -> None:
@@ -200,8 +204,9 @@ class _Session:
         found = leaves(self._error) if self._error is not None else []
         if found and isinstance(found[0], SPAWN_ERRORS):  # no process: no stderr to show
             return MCPServerError(f"MCP server {self.spec.name!r} could not be started: {cause}")
+        kept = f"; stderr log: {self.stderr_log}" if self.stderr_log.exists() else ""
         return MCPServerError(f"MCP server {self.spec.name!r} could not be started: {cause}; {self._stderr_tail()} "
-                              f"(command: {self.spec.command_line()}; stderr log: {self.stderr_log})")
+                              f"(command: {self.spec.command_line()}{kept})")
 
     async def close(self) -> None:
         self._stop.set()

@@ -176,8 +176,11 @@ def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path, server_marker, tiny_
     config.write_text(json.dumps({"mcpServers": {"box": marked(stdio_toolbox(), marker, outlives_stdin=True),
                                                  "time": marked(time_server(), marker)}}))
     run_dir = tmp_path / "run"
-    common = [f"env_options={{mcp_config: {config}, data: {tasks}}}", "backend=hf", f"model.name={tiny_model_dir}", "data.eval_size=2",
-              "logging.live=off", "rollout.max_tokens_per_turn=32", "rollout.max_turns=2"]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    common = [f"env_options={{mcp_config: {config}, data: {tasks}, log_dir: {logs}}}", "backend=hf",
+              f"model.name={tiny_model_dir}", "data.eval_size=2", "logging.live=off", "rollout.max_tokens_per_turn=32",
+              "rollout.max_turns=2"]
     with open(tmp_path / "train.log", "w") as out:
         code = subprocess.call([sys.executable, "-m", "rlfactory_cli", "train", "--env", "mcp", "--run-dir",
                                 str(run_dir), *common, "train.steps=2", "grpo.prompts_per_step=2", "grpo.group_size=2",
@@ -197,4 +200,6 @@ def test_rlf_train_and_eval_mcp_end_to_end(files, tmp_path, server_marker, tiny_
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["samples"] == 2 and "eval/reward/accuracy" in report["metrics"]
     assert_none_left(marker)
+    # the servers' stderr logs: kept where a server wrote something, none left empty
+    assert all(log.stat().st_size > 0 for log in logs.iterdir()), sorted(log.name for log in logs.iterdir())
 

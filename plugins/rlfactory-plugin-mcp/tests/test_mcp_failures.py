@@ -71,6 +71,7 @@ def test_a_program_that_is_not_an_mcp_server_is_named_with_what_it_wrote(tmp_pat
     assert ("could not be started: it wrote 'Hello! Serving on port 8080' on stdout, which is not a JSON-RPC "
             "message, and did not complete the MCP handshake: it is not an MCP server, or it prints to stdout") in message
     assert "its stderr is empty (command: " in message and "-c 'import time\\nfor _ in range(5)" in message
+    assert "stderr log" not in message and not list(tmp_path.glob("mcp-chatty-*"))  # an empty log is not kept
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert marked_processes(marker) == []
 
