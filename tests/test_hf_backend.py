@@ -342,6 +342,32 @@ async def test_paused_freezes_the_rows_and_resumes_them_to_the_same_tokens(model
             pass
 
 
+async def test_a_pause_waiting_for_a_model_call_that_crashes_the_worker_returns(model):
+    """A bug in the worker's own loop (not a model error: those fail their requests) while a
+    pause waits for the model call under way: the pause is released, the request fails."""
+    import threading
+
+    backend = HFBackend(copy.deepcopy(model))
+    entered, release = threading.Event(), threading.Event()
+
+    def broken_step(admitted):
+        entered.set()
+        release.wait(10)
+        raise SystemError("a bug in the loop")
+
+    backend._step = broken_step
+    request = asyncio.create_task(backend.generate(prompts(5)[0], GREEDY))
+    await asyncio.to_thread(entered.wait, 10)
+    pause = asyncio.create_task(backend.paused().__aenter__())
+    await asyncio.sleep(0.1)
+    assert not pause.done()  # it waits for the model call
+    release.set()
+    await asyncio.wait_for(pause, 10)
+    with pytest.raises(RLFactoryError, match="worker crashed"):
+        await request
+    await backend.close()
+
+
 async def test_update_weights_refuses_unknown_names_and_wrong_shapes(model, backend):
     prompt = prompts(5)[0]
     weights = dict(tiny_model(seed=7).state_dict())

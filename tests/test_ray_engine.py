@@ -22,7 +22,7 @@ pytest.importorskip("ray")
 import ray  # noqa: E402
 import torch  # noqa: E402
 from float32_bounds import compare_tensors, tensor_stats  # noqa: E402
-from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from rlfactory_core.engines import rollout_config_for  # noqa: E402
 from rlfactory_core.engines.local import LocalEngine  # noqa: E402
@@ -95,6 +95,44 @@ def same_turns(a, b, tol=1e-4):
     turns_a, turns_b = model_turns(a), model_turns(b)
     return [ids for ids, _ in turns_a] == [ids for ids, _ in turns_b] and all(
         abs(x - y) <= tol for (_, la), (_, lb) in zip(turns_a, turns_b) for x, y in zip(la, lb))
+
+
+async def test_a_rollout_workers_pause_is_undone_by_a_resume_that_overtakes_it_and_by_close():
+    """The rollout worker's side of taking turns (no Ray needed: its methods are plain
+    coroutines): a second pause while paused does nothing; a resume that arrives while the
+    pause is still taking effect (the driver's update cut short) undoes it when it lands;
+    closing a paused worker resumes it first (vLLM's close waits for a pause to end)."""
+    import types
+
+    from rlfactory_core.engines.ray.actors import RolloutWorker
+    from rlfactory_core.rollout import SamplingParams
+    from rlfactory_core.rollout.backends.hf import HFBackend
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                                         bos_token_id=None, eos_token_id=None, pad_token_id=None))
+    backend = HFBackend(model)
+    worker = RolloutWorker.__new__(RolloutWorker)  # not __init__: it sets this process's torch threads
+    worker.pause, worker.finished = None, 0
+    worker.generation = types.SimpleNamespace(backend=backend, close=backend.close)
+    long_turn = SamplingParams(temperature=1.0, max_tokens=400, seed=0)
+
+    assert await worker.pause_generation() >= 0
+    assert await worker.pause_generation() is None  # already paused
+    await worker.resume_generation()
+    running = asyncio.create_task(backend.generate([1, 2, 3], long_turn))
+    while backend.stats()["decode_steps"] < 2:
+        await asyncio.sleep(0.001)
+    pausing = asyncio.create_task(worker.pause_generation())
+    await asyncio.sleep(0)  # the pause waits for the decode step under way
+    await worker.resume_generation()  # overtakes it
+    assert await pausing is None
+    assert (await asyncio.wait_for(running, 60)).finish_reason == "length"  # not left paused
+
+    assert await worker.pause_generation() >= 0
+    await asyncio.wait_for(worker.close(), 30)
+    assert worker.pause is None
 
 
 def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load_them(ray_cluster, tiny_model_dir,

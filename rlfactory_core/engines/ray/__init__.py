@@ -53,10 +53,11 @@ Placement: ``colocated`` (the default) gives trainer rank i and rollout worker i
 (``cpus``/``gpus`` of both roles): they take turns, as verl's hybrid engine does (sync:
 rollout, then update; an overlapping ``train.mode``: every worker's generation pauses, its
 requests kept, while the ranks update, so the rollout's waits on tools and servers still
-overlap the update); ``separate`` gives each role its own placement group. Requests the cluster
-cannot meet are reported with what the cluster has. The cluster is ``ray.address``, else
-``$RAY_ADDRESS``, else a local one started for the run (``ray.num_cpus``/``ray.num_gpus``);
-an address where nothing answers is refused at once (``ray.init`` would retry it for minutes).
+overlap the update; a worker replaced meanwhile starts unpaused); ``separate`` gives each
+role its own placement group. Requests the cluster cannot meet are reported with what the
+cluster has. The cluster is ``ray.address``, else ``$RAY_ADDRESS``, else a local one started
+for the run (``ray.num_cpus``/``ray.num_gpus``); an address where nothing answers is refused
+at once (``ray.init`` would retry it for minutes).
 """
 
 from .engine import RayEngine

@@ -303,9 +303,11 @@ class RolloutWorker:
         paused = getattr(self.generation.backend, "paused", None)
         if paused is None or self.pause is not None:
             return None
-        pause = contextlib.AsyncExitStack()
+        pause = self.pause = contextlib.AsyncExitStack()  # before the await: a second call returns at once
         seconds = await pause.enter_async_context(paused())
-        self.pause = pause
+        if self.pause is not pause:  # resumed while the pause took effect (the driver's update ended)
+            await pause.aclose()
+            return None
         return seconds
 
     async def resume_generation(self) -> None:
@@ -314,6 +316,7 @@ class RolloutWorker:
             await pause.aclose()
 
     async def close(self) -> None:
+        await self.resume_generation()  # a driver stopped inside its update never resumed it
         generation = getattr(self, "generation", None)
         if generation is not None:
             await generation.close()

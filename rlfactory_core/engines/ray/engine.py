@@ -423,26 +423,32 @@ class RayEngine:
     async def _generation_paused(self) -> AsyncIterator[float | None]:
         """Every rollout worker's generation frozen for the block, its requests kept, when
         :meth:`takes_turns`; yields the longest any took to pause (None: none paused). A worker
-        found dead is left to the rollout's replacement; any other failure is raised."""
+        found dead is left to the rollout's replacement (which starts unpaused); any other
+        failure is raised, after the block's own."""
         if not self.takes_turns():
             yield None
             return
         workers = list(self.rollout_workers)
-        paused = await asyncio.gather(*(w.pause_generation.remote() for w in workers), return_exceptions=True)
+
+        async def resume() -> list[Any]:  # also after a pause cut short: a late one undoes itself
+            return await asyncio.gather(*(w.resume_generation.remote() for w in workers), return_exceptions=True)
+
         try:
+            paused = await asyncio.gather(*(w.pause_generation.remote() for w in workers), return_exceptions=True)
             self._raise_unless_dead("pausing its generation for the update", paused)
             seconds = [float(s) for s in paused if isinstance(s, (int, float))]
             yield max(seconds) if seconds else None
-        finally:
-            resumed = await asyncio.gather(*(w.resume_generation.remote() for w in workers), return_exceptions=True)
-            self._raise_unless_dead("resuming its generation after the update", resumed)
+        except BaseException:
+            await resume()  # the block's error is the one to see
+            raise
+        self._raise_unless_dead("resuming its generation after the update", await resume())
 
     @staticmethod
     def _raise_unless_dead(what: str, answers: list[Any]) -> None:
         for answer in answers:
             if isinstance(answer, BaseException) and not isinstance(answer, ray.exceptions.RayActorError):
                 if isinstance(answer, ray.exceptions.RayTaskError):
-                    raise _failure(f"a rollout worker, {what}", answer) from None
+                    raise _failure(f"a rollout worker, {what}", answer) from answer
                 raise answer
 
     async def update(self, batch: Any, step: int) -> dict[str, float]:

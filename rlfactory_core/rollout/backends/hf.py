@@ -424,6 +424,8 @@ class HFBackend:
             log.exception("hf backend worker crashed")
             with self._cond:
                 self._closing = True
+                self._computing = False
+                self._cond.notify_all()  # a pause waiting for the model call that failed
             self._abort_all(error=RLFactoryError(f"the hf backend worker crashed: {exc!r}",
                                                  hint="RLFACTORY_DEBUG=1 shows the traceback"))
             return
