@@ -2,6 +2,7 @@
 the Parquet round trip with a real tokenizer, runs made before records, damaged files."""
 
 import json
+import math
 
 import pyarrow.parquet as pq
 import pytest
@@ -178,6 +179,16 @@ def test_each_sampled_token_has_its_staleness_and_the_sampler_gap_is_split_by_it
     rows = batch["loss_mask"].sum(-1).float()
     assert abs(split["train/stale_token_fraction"] - float(rows[:2].sum() / rows.sum())) < 1e-6
     assert split["train/stale_sampler_kl"] >= 0 and split["train/sampler_kl"] >= 0
+    # by hand: a token the sampler drew at 0.9 that the trainer gives 0.1, k3 = r - 1 - log r with
+    # r = trainer / sampler (the tokens are the sampler's draws): 1/9 - 1 + log 9 = 1.3083, not 9 - 1 - log 9
+    from rlfactory_core.training.update import _record_sampler_gap
+
+    recorded = {}
+    _record_sampler_gap(lambda key, value, weight: recorded.__setitem__(key, float(value)),
+                        torch.log(torch.tensor([[0.1, 0.5]])), torch.log(torch.tensor([[0.9, 0.5]])),
+                        torch.tensor([[1.0, 0.0]]), None)
+    assert abs(recorded["train/sampler_kl"] - (1 / 9 - 1 + math.log(9))) < 1e-5
+    assert abs(recorded["train/sampler_logprob_diff"] - math.log(9)) < 1e-5
     # the fresh and stale parts weigh in by their tokens: together they are the whole
     share = split["train/stale_token_fraction"]
     for gap in ("kl", "logprob_diff"):

@@ -235,15 +235,15 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
 
 def _record_sampler_gap(record: Any, old: Any, sampler: Any, mask: Any, staleness: Any) -> None:
     """``train/sampler_logprob_diff`` and ``train/sampler_kl`` (the k3 estimate of KL(sampler ||
-    trainer)) over the tokens the current weights sampled: the train/inference numerics gap;
-    ``train/stale_sampler_*`` over the tokens older weights sampled (an asynchronous schedule),
-    where the policy's drift adds to it; ``train/stale_token_fraction``."""
+    trainer), the tokens being the sampler's draws) over the tokens the current weights
+    sampled: the train/inference numerics gap; ``train/stale_sampler_*`` over the tokens older
+    weights sampled (an asynchronous schedule), where the policy's drift adds to it;
+    ``train/stale_token_fraction``."""
     import torch
 
-    from .grpo import masked_mean
+    from .grpo import kl_penalty, masked_mean
 
-    log_ratio = sampler - old
-    gaps = {"logprob_diff": log_ratio.abs(), "kl": torch.exp(log_ratio) - log_ratio - 1}
+    gaps = {"logprob_diff": (sampler - old).abs(), "kl": kl_penalty(sampler, old, "k3")}
     stale = staleness > 0 if staleness is not None else torch.zeros_like(mask, dtype=torch.bool)
     for prefix, part in (("train/sampler_", mask * ~stale), ("train/stale_sampler_", mask * stale)):
         tokens = float(part.sum())
