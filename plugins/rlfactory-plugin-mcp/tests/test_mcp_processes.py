@@ -12,13 +12,13 @@ import time
 from mcp_testing import marked, marked_processes, new_marker, stdio_toolbox
 from rlfactory_mcp import load_mcp_tools, parse_mcp_config
 
-# Loads the tools of the config given as argv[1], opens a session with every server (a
-# call of each server's echo), says "ready", and waits to be killed.
+# Loads the tools of the config given as argv[1] (their stderr logs in argv[2]), opens a session
+# with every server (a call of each server's echo), says "ready", and waits to be killed.
 HOLDER = """
 import asyncio, json, sys
 from rlfactory_mcp import load_mcp_tools, parse_mcp_config
 
-tools = load_mcp_tools(parse_mcp_config(json.loads(sys.argv[1])))
+tools = load_mcp_tools(parse_mcp_config(json.loads(sys.argv[1])), log_dir=sys.argv[2])
 
 async def main():
     results = await asyncio.gather(*(t.call({"text": "hi"}) for t in tools.tools if t.name.endswith("echo")))
@@ -37,7 +37,7 @@ def wait_for_none(marker: str, seconds: float) -> list:
     return left
 
 
-def test_a_killed_process_leaves_only_servers_that_outlive_their_stdin():
+def test_a_killed_process_leaves_only_servers_that_outlive_their_stdin(tmp_path):
     """SIGTERM ends a plain Python process at once, without closing anything. Its stdio
     servers see their stdin close: one that exits then (the toolbox, like most servers)
     is gone; one that does not (``outlives_stdin``) stays, re-parented, and only its marker
@@ -45,7 +45,7 @@ def test_a_killed_process_leaves_only_servers_that_outlive_their_stdin():
     SDK ends such servers on a clean close, which a killed process never reaches.)"""
     plain, lasting = new_marker(), new_marker()
     servers = {"box": marked(stdio_toolbox(), plain), "lasting": marked(stdio_toolbox(), lasting, outlives_stdin=True)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, json.dumps({"mcpServers": servers})],
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, json.dumps({"mcpServers": servers}), str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = holder.stdout.readline()
