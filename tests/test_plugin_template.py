@@ -193,14 +193,19 @@ def test_new_refuses_to_overwrite_an_existing_directory(rlf, tmp_path):
     assert rendered_files(existing) == {"mine.txt"} and (existing / "mine.txt").read_text() == "keep me"
 
 
-def test_new_leaves_no_cookiecutter_state_in_the_home_directory(rlf, tmp_path, monkeypatch):
-    home = tmp_path / "home"
+def test_new_leaves_no_cookiecutter_state_in_the_home_or_temp_directory(rlf, tmp_path, monkeypatch):
+    import tempfile
+
+    home, temp = tmp_path / "home", tmp_path / "temp"
     home.mkdir()
+    temp.mkdir()
     monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     (home / ".cookiecutterrc").write_text("default_context:\n  kinds: parser\n")  # must not leak in
     code, _, stderr = rlf("plugins", "new", "demo", "--output-dir", str(tmp_path / "out"))
     assert code == 0, stderr
     assert sorted(path.name for path in home.iterdir()) == [".cookiecutterrc"]  # no ~/.cookiecutter_replay
+    assert list(temp.iterdir()) == [] and tempfile.tempdir == str(temp)  # no rendered hook scripts left
     assert registration_hooks(tmp_path / "out/rlfactory-plugin-demo/rlfactory_plugin_demo/__init__.py") == {
         "rlfactory_register_tools", "rlfactory_register_rewards",
     }
@@ -211,8 +216,13 @@ def test_new_leaves_no_cookiecutter_state_in_the_home_directory(rlf, tmp_path, m
 # ---------------------------------------------------------------------------------------
 
 
-def cookiecutter_config(tmp_path: Path) -> str:
-    """A throw-away cookiecutter config, so tests neither read nor write the user's."""
+def cookiecutter_config(tmp_path: Path, monkeypatch) -> str:
+    """A throw-away cookiecutter config, so tests neither read nor write the user's, and a
+    temp directory of the test's (cookiecutter leaves its rendered hook scripts there)."""
+    import tempfile
+
+    (tmp_path / "temp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
     config = tmp_path / "cookiecutter.yaml"
     config.write_text(f"replay_dir: {tmp_path / 'replay'}\ncookiecutters_dir: {tmp_path / 'cookiecutters'}\n")
     return str(config)
@@ -227,11 +237,11 @@ def test_template_defaults_match_the_cli():
         assert kind in context["__prompts__"]["kinds"]
 
 
-def test_template_renders_with_cookiecutter_defaults(tmp_path):
+def test_template_renders_with_cookiecutter_defaults(tmp_path, monkeypatch):
     from cookiecutter.main import cookiecutter
 
     created = Path(cookiecutter(str(TEMPLATE_DIR), no_input=True, output_dir=str(tmp_path / "out"),
-                                config_file=cookiecutter_config(tmp_path)))
+                                config_file=cookiecutter_config(tmp_path, monkeypatch)))
     assert created == tmp_path / "out" / "rlfactory-plugin-demo"
     assert registration_hooks(created / "rlfactory_plugin_demo" / "__init__.py") == {
         "rlfactory_register_tools", "rlfactory_register_rewards",
@@ -239,13 +249,13 @@ def test_template_renders_with_cookiecutter_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("context", [{"plugin_name": "Not Valid"}, {"kinds": "tool,tools"}])
-def test_template_hook_rejects_what_rlf_rejects(tmp_path, context):
+def test_template_hook_rejects_what_rlf_rejects(tmp_path, context, monkeypatch):
     from cookiecutter.exceptions import FailedHookException
     from cookiecutter.main import cookiecutter
 
     with pytest.raises(FailedHookException):
         cookiecutter(str(TEMPLATE_DIR), no_input=True, extra_context=context, output_dir=str(tmp_path / "out"),
-                     config_file=cookiecutter_config(tmp_path))
+                     config_file=cookiecutter_config(tmp_path, monkeypatch))
     assert not any((tmp_path / "out").iterdir())  # the half-made project was removed
 
 

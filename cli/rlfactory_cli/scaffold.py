@@ -81,9 +81,12 @@ def create_plugin(
                              hint="choose another NAME or --output-dir, or remove that directory first")
     # A private cookiecutter config: the user's ~/.cookiecutterrc must not change what is
     # generated, and rendering should not leave a replay file in their home directory.
+    # cookiecutter (2.7) also writes each rendered hook script to the temp directory and never
+    # removes it: the temp directory is the scratch one while it runs.
     with tempfile.TemporaryDirectory(prefix="rlf-plugins-new-") as scratch:
         config_file = Path(scratch, "cookiecutter.yaml")
         config_file.write_text(yaml.safe_dump({"replay_dir": scratch, "cookiecutters_dir": scratch}))
+        temp_dir, tempfile.tempdir = tempfile.tempdir, scratch
         try:
             created = cookiecutter(
                 str(TEMPLATE_DIR),
@@ -95,4 +98,6 @@ def create_plugin(
         except CookiecutterException as exc:
             raise RLFactoryError(f"could not render the plugin template: {exc}",
                                  hint="rerun with RLFACTORY_DEBUG=1 for the traceback") from exc
+        finally:
+            tempfile.tempdir = temp_dir
     return Path(created)
