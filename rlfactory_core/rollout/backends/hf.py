@@ -404,6 +404,7 @@ class HFBackend:
     # ------------------------------------------------------------------ worker thread
 
     def _serve(self) -> None:
+        admitted: list[Request] = []  # taken from the queue, maybe not in the batch yet
         try:
             while True:
                 with self._cond:
@@ -427,7 +428,7 @@ class HFBackend:
                 self._computing = False
                 self._cond.notify_all()  # a pause waiting for the model call that failed
             self._abort_all(error=RLFactoryError(f"the hf backend worker crashed: {exc!r}",
-                                                 hint="RLFACTORY_DEBUG=1 shows the traceback"))
+                                                 hint="RLFACTORY_DEBUG=1 shows the traceback"), admitted=admitted)
             return
         self._abort_all()
 
@@ -509,14 +510,15 @@ class HFBackend:
             for request in rows:
                 answer(request.loop, request.future, error=exc)
 
-    def _abort_all(self, error: BaseException | None = None) -> None:
-        """Answer everyone still waiting (worker thread, after the loop has ended)."""
+    def _abort_all(self, error: BaseException | None = None, admitted: Sequence[Request] = ()) -> None:
+        """Answer everyone still waiting (worker thread, after the loop has ended), the
+        ``admitted`` requests of a step that crashed too (answering twice is harmless)."""
         with self._cond:
             pending, self._pending = list(self._pending), deque()
             updates, self._updates = list(self._updates), deque()
         rows = self._batch.rows if self._batch is not None else []
         self._batch = None
-        for request in rows + pending:
+        for request in [*rows, *admitted, *pending]:
             if error is not None:
                 answer(request.loop, request.future, error=error)
             else:
