@@ -140,6 +140,48 @@ def test_stop_and_resume_refuse_what_cannot_be_done(client):
     assert resumed.status_code == 409 and "checkpoint" in resumed.json()["error"]
 
 
+def test_a_resume_waits_for_the_last_child_to_end_not_for_its_interpreter_to_exit(client, runs_dir):
+    """This UI's last child for a run: while it has not written its end (starting, its
+    status.json still the last process's; or training) a resume is refused; once it has written
+    its end and let go of the run's lock, only its interpreter is exiting (seconds on a busy
+    machine: the browser test's resume was refused so), and the resume starts."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    launcher = client.app.state.launcher
+    run = runs_dir / "exiting"
+    shutil.copytree(runs_dir / "tiny", run)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    launcher.children["exiting"] = child
+
+    def status(state, pid):
+        (run / "status.json").write_text(json.dumps({
+            "version": 1, "state": state, "pid": pid, "host": socket.gethostname(), "started_at": time.time(),
+            "updated_at": time.time(), "step": 2, "steps": 2, "message": ""}))
+
+    resumed = None
+    try:
+        status("interrupted", os.getpid())  # the last process's end: the child has not started yet
+        refused = client.post("/api/runs/exiting/resume")
+        assert refused.json()["error"] == f"exiting was just launched (pid {child.pid}) and is starting"
+        status("running", child.pid)
+        refused = client.post("/api/runs/exiting/resume")
+        assert refused.status_code == 409 and "stop it first" in refused.json()["error"]
+        status("interrupted", child.pid)  # its end written, the lock let go; the process still there
+        assert client.post("/api/runs/exiting/resume").json() == {"resumed": "exiting"}
+        resumed = launcher.children["exiting"]
+        assert resumed is not child and "--resume" in resumed.args
+    finally:
+        for process in (child, resumed):
+            if process is not None:
+                process.kill()
+                process.wait()
+        shutil.rmtree(run)
+
+
 def test_stop_signals_only_the_process_that_holds_the_run(client, runs_dir):
     """A status.json naming a live process that is not the run's trainer (a reused pid, a
     process that only looks like `rlf train`): refused, nothing signalled."""

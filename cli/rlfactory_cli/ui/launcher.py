@@ -7,7 +7,9 @@ its step and checkpointing (rlfactory_core.stopping); resume is ``rlf train --re
 A process is only signalled when the run's ``status.json`` names it on this host and it holds
 the run's lock file open (``rlfactory_core.run_status.hold_run``: a pid the system reused, or
 another run's trainer, is left alone), or when this UI launched it and it still runs. A resume
-is refused while a trainer holds the run (the trainer refuses a second one too).
+is refused while a trainer holds the run (the trainer refuses a second one too) or while this
+UI's last child for it has not yet written its end; a child that has, and has let go of the
+lock, is only exiting and does not hold the resume back.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = ["Launcher", "LaunchError", "CONFIG_FILE", "CONSOLE_FILE"]
 
 CONFIG_FILE = "ui-config.yaml"
 CONSOLE_FILE = "console.txt"
+_ENDED = ("finished", "failed", "interrupted")  # the states a trainer writes as it ends
 
 
 class LaunchError(ValueError):
@@ -62,7 +65,14 @@ class Launcher:
         status = read_status(run_dir)
         with self.lock:
             child = self.children.get(name)
-        if status.state == "running" or (child is not None and child.poll() is None) or _in_use(run_dir):
+        # This UI's child still runs: starting (its status.json is still the last process's) or
+        # training. Once it has written its end and let go of the lock, only its interpreter is
+        # exiting (seconds on a busy machine) and the run is free: the resume may go ahead.
+        starting_or_training = child is not None and child.poll() is None and not (
+            status.pid == child.pid and status.state in _ENDED and not _in_use(run_dir))
+        if starting_or_training and status.state != "running" and status.pid != child.pid:
+            raise LaunchError(f"{name} was just launched (pid {child.pid}) and is starting")
+        if status.state == "running" or starting_or_training or _in_use(run_dir):
             pid = status.pid or child and child.pid
             if still_exiting(run_dir, status):
                 raise LaunchError(f"{name} has {status.state} but its process (pid {pid}) is still exiting: "
