@@ -34,6 +34,7 @@ split's majority answer; the env has no tools-off mode.
     .venv/bin/python bench/async_learning.py --seeds 0 --steps 4     # a quick check
     .venv/bin/python bench/async_learning.py --workload latency --steps 16 --eval-every 4 --eval-size 100 \
         --max-staleness 2 --work-dir DIR     # ~40 min a seed: run again with the same DIR to reuse finished runs
+    ... --longer async=20    # async's arms run on to step 20: does it reach sync's final in <= 0.75 of its time?
 """
 
 from __future__ import annotations
@@ -80,16 +81,17 @@ def finished_evals(run_dir: Path, steps: int) -> bool:
 
 def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One ``rlf train`` run: its evaluations as ``(step, minutes since step 0's eval, accuracy)``."""
-    run_dir = work / f"{mode}-seed{seed}"
-    overrides = [f"train.mode={mode}", f"train.steps={args.steps}", f"train.seed={seed}",
+    steps = args.longer.get(mode, args.steps)
+    run_dir = work / (f"{mode}-seed{seed}" if steps == args.steps else f"{mode}-{steps}steps-seed{seed}")
+    overrides = [f"train.mode={mode}", f"train.steps={steps}", f"train.seed={seed}",
                  f"eval.every={args.eval_every}", f"data.eval_size={args.eval_size}",
-                 f"checkpoint.every={args.steps}", "logging.live=off", "logging.tensorboard=false",
+                 f"checkpoint.every={steps}", "logging.live=off", "logging.tensorboard=false",
                  f"backend={args.backend}"]
     if mode == "async":  # stale tokens need the decoupled objective's weight (a preflight rule)
         overrides += ["grpo.tis_cap=2.0", f"train.max_staleness={args.max_staleness}"]
     argv = [sys.executable, "-m", "rlfactory_cli", "train", "--run-dir", str(run_dir), *workload_argv(args), *overrides,
             *args.overrides]
-    if finished_evals(run_dir, args.steps):  # an interrupted bench, run again with its --work-dir
+    if finished_evals(run_dir, steps):  # an interrupted bench, run again with its --work-dir
         print(f"  reusing the finished run in {run_dir}", flush=True)
     else:
         done = subprocess.run(argv, capture_output=True, text=True)
@@ -102,6 +104,18 @@ def run_arm(mode: str, seed: int, args: argparse.Namespace, work: Path) -> dict[
     t0 = evals[0]["time"]
     return {"mode": mode, "seed": seed, "evals": [(r["step"], (r["time"] - t0) / 60, r[ACCURACY]) for r in evals],
             "stale": [r.get("train/stale_token_fraction", 0.0) for r in records if r["step"] >= 1]}
+
+
+def parse_longer(parser: argparse.ArgumentParser, pairs: list[str], modes: list[str], steps: int) -> dict[str, int]:
+    """``--longer MODE=STEPS ...`` as ``{mode: steps}``; a malformed pair is a usage error."""
+    longer = {}
+    for pair in pairs:
+        mode, _, value = pair.partition("=")
+        if mode not in modes[1:] or not value.isdigit() or int(value) <= steps:
+            parser.error(f"--longer {pair}: give MODE=STEPS with MODE one of --modes after the baseline "
+                         f"({', '.join(modes[1:])}) and STEPS above --steps ({steps})")
+        longer[mode] = int(value)
+    return longer
 
 
 def time_to_reach(curve: list[tuple[int, float, float]], target: float) -> float | None:
@@ -169,9 +183,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--workload", choices=["arithmetic", "latency"], default="arithmetic")
     parser.add_argument("--latency", type=float, nargs=2, default=(8.0, 12.0), metavar=("MIN", "MAX"),
                         help="seconds each search of the latency workload is held")
+    parser.add_argument("--longer", nargs="+", default=[], metavar="MODE=STEPS",
+                        help="run MODE's arms to STEPS steps (> --steps): its curve past --steps counts per minute "
+                             "only, e.g. async=20 to see whether it reaches sync's final within 0.75 of sync's time")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("overrides", nargs="*", help="more config overrides for every arm")
     args = parser.parse_args(argv)
+    args.longer = parse_longer(parser, args.longer, args.modes, args.steps)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="rlf-async-learning-"))
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
     with contextlib.ExitStack() as stack:
@@ -199,7 +217,7 @@ def main(argv: list[str]) -> None:
         for i, _ in enumerate(steps):
             values = [run["evals"][i][2] for run in mode_runs]
             cells.append(f"{sum(values) / len(values):.3f} ({min(values):.3f}-{max(values):.3f})")
-        minutes = [run["evals"][-1][1] for run in mode_runs]
+        minutes = [run["evals"][len(steps) - 1][1] for run in mode_runs]
         stale = [sum(run["stale"]) / max(len(run["stale"]), 1) for run in mode_runs]
         print(f"| {mode} | " + " | ".join(cells) + f" | {sum(minutes) / len(minutes):.1f} "
               f"({min(minutes):.1f}-{max(minutes):.1f}) | {sum(stale) / len(stale):.2f} |")
@@ -207,12 +225,15 @@ def main(argv: list[str]) -> None:
     target, base_minutes = base[-1][2], base[-1][1]
     print(f"\nsync's final mean accuracy {target:.3f}, reached at {base_minutes:.1f} min (its last step):")
     for mode, mode_runs in runs.items():
-        curve = mean_curve(mode_runs)
+        curve = mean_curve(mode_runs)  # past --steps too (--longer): the per-minute question
         reached = time_to_reach(curve, target)
-        final_spread = max(r["evals"][-1][2] for r in mode_runs) - min(r["evals"][-1][2] for r in mode_runs)
+        last = len(steps) - 1  # per step: at the baseline's last evaluated step
+        finals = [r["evals"][last][2] for r in mode_runs]
         share = f"{reached:.1f} min = {reached / base_minutes:.2f} of sync's" if reached is not None else "not reached"
-        print(f"- {mode}: final {curve[-1][2]:.3f} (seed spread {final_spread:.3f}; "
-              f"{curve[-1][2] - target:+.3f} vs sync); sync's final accuracy {share}")
+        longer = (f"; its {curve[-1][0]} steps end at {curve[-1][2]:.3f}, {curve[-1][1]:.1f} min"
+                  if curve[-1][0] != steps[-1] else "")
+        print(f"- {mode}: step {steps[-1]} {curve[last][2]:.3f} (seed spread {max(finals) - min(finals):.3f}; "
+              f"{curve[last][2] - target:+.3f} vs sync){longer}; sync's final accuracy {share}")
     print(f"\nbaselines: untrained (step 0 = warm-up alone) {base[0][2]:.3f}; majority answer {majority!r} "
           f"{majority_accuracy:.3f}" + (f"; tools off {tools_off:.3f}" if tools_off is not None else ""))
     print(f"runs in {work}")
