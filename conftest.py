@@ -62,6 +62,7 @@ def pytest_sessionfinish(session, exitstatus):
 # (Not xdist's ``loadgroup``: under pytest 9.2 its group marks are lost, pytest-xdist #1386.)
 EXCLUSIVE_FILES = (
     "tests/test_ray_engine.py",
+    "tests/test_ray_stop.py",
     "tests/test_learning.py",
     "tests/test_vllm_backend.py",
     "tests/test_async_mode.py",

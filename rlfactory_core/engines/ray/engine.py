@@ -112,6 +112,10 @@ class RayEngine:
     def _connect(self) -> None:
         if ray.is_initialized():
             return
+        with _python_signal_handlers():
+            self._init_ray()
+
+    def _init_ray(self) -> None:
         address = self.config.ray.address or os.environ.get("RAY_ADDRESS")
         quiet = {"include_dashboard": False, "log_to_driver": self.config.ray.worker_logs,
                  "configure_logging": True, "logging_level": "warning"}
@@ -537,3 +541,23 @@ class RayEngine:
         self.placement_groups.clear()
         if self.started_ray:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _python_signal_handlers() -> Any:
+    """Keep Python's SIGTERM/SIGINT handlers across ``ray.init``: Ray's core installs a fatal
+    handler for SIGTERM in the driver ("*** SIGTERM received"), so `rlf ui`'s Stop (a SIGTERM)
+    killed a ray run unsaved instead of reaching rlfactory_core.stopping's handler."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:  # None: set outside Python, nothing of ours to put back
+                signal.signal(sig, handler)
