@@ -33,7 +33,7 @@ from ._proc import process_exists
 from .errors import RLFactoryError
 
 __all__ = ["STATUS_FILE", "LOCK_FILE", "HEARTBEAT_S", "STALE_AFTER_S", "RunStatus", "StatusWriter", "read_status",
-           "hold_run", "holds_run", "still_exiting", "RunInUse"]
+           "hold_run", "holds_run", "still_exiting", "RunInUse", "ENDED_STATES"]
 
 #: Held (``flock``) by the one ``rlf train`` working in a run directory, for its whole life.
 LOCK_FILE = ".lock"
@@ -47,6 +47,8 @@ STALE_AFTER_S = 60.0
 VERSION = 1
 
 State = Literal["running", "finished", "failed", "interrupted", "died", "unknown"]
+#: The states a trainer writes as it ends (StatusWriter.end).
+ENDED_STATES = ("finished", "failed", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ def still_exiting(run_dir: str | os.PathLike[str], status: RunStatus) -> bool:
     """Whether a run that wrote its end (``interrupted``, ``finished``, ``failed``) still has its
     process, on this host, holding the run: it is closing its engines, and a resume now would
     find the run in use. A UI offers resume once this is false."""
-    return (status.state in ("finished", "failed", "interrupted") and status.pid is not None
+    return (status.state in ENDED_STATES and status.pid is not None
             and status.host in ("", socket.gethostname()) and process_exists(status.pid)
             and holds_run(status.pid, run_dir))
 

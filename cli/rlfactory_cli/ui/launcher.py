@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from rlfactory_core.run_status import LOCK_FILE, holds_run, read_status, still_exiting
+from rlfactory_core.run_status import ENDED_STATES, LOCK_FILE, holds_run, read_status, still_exiting
 
 from .security import run_dir_of
 
@@ -35,7 +35,6 @@ __all__ = ["Launcher", "LaunchError", "CONFIG_FILE", "CONSOLE_FILE"]
 
 CONFIG_FILE = "ui-config.yaml"
 CONSOLE_FILE = "console.txt"
-_ENDED = ("finished", "failed", "interrupted")  # the states a trainer writes as it ends
 
 
 class LaunchError(ValueError):
@@ -69,7 +68,7 @@ class Launcher:
         # training. Once it has written its end and let go of the lock, only its interpreter is
         # exiting (seconds on a busy machine) and the run is free: the resume may go ahead.
         starting_or_training = child is not None and child.poll() is None and not (
-            status.pid == child.pid and status.state in _ENDED and not _in_use(run_dir))
+            status.pid == child.pid and status.state in ENDED_STATES and not _in_use(run_dir))
         if starting_or_training and status.state != "running" and status.pid != child.pid:
             raise LaunchError(f"{name} was just launched (pid {child.pid}) and is starting")
         if status.state == "running" or starting_or_training or _in_use(run_dir):
