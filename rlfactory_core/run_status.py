@@ -135,7 +135,7 @@ def read_status(run_dir: str | os.PathLike[str], *, now: float | None = None) ->
                            updated_at=_float_or_none(record.get("updated_at")), message=str(record.get("message", "")))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return RunStatus("unknown", message=f"{STATUS_FILE}: malformed ({type(exc).__name__}: {exc})")
-    if status.state not in ("running", "finished", "failed", "interrupted"):
+    if status.state not in ("running", *ENDED_STATES):
         return RunStatus("unknown", message=f"{STATUS_FILE}: unknown state {status.state!r}")
     if status.state != "running":
         return status
