@@ -85,9 +85,10 @@ class SpecialTokens:
         by_id = {int(i): str(t.content) for i, t in decoder.items() if getattr(t, "special", False)}
         for i in getattr(tokenizer, "all_special_ids", []) or []:
             by_id.setdefault(int(i), tokenizer.convert_ids_to_tokens(int(i)))
-        # The unknown token stands for characters the vocabulary lacks, in any text: it is
-        # neither markup nor forged.
-        by_id.pop(getattr(tokenizer, "unk_token_id", None), None)
+        # The unknown token stands for characters the vocabulary lacks, so plain text may
+        # tokenize to it; its string is a special token all the same (SmolLM2's is
+        # <|endoftext|>), which content must not put into the ids.
+        self._unknown = getattr(tokenizer, "unk_token_id", None)
         self.ids = frozenset(by_id)
         strings = sorted({s for s in by_id.values() if s}, key=len, reverse=True)
         self._pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
@@ -149,7 +150,7 @@ class SpecialTokens:
             ids = list(self._later_runs.encode(text, add_special_tokens=False).ids)
         else:
             ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-        if self.ids.intersection(ids):  # a vocabulary whose merges rebuild a special token
+        if self.ids.difference([self._unknown]).intersection(ids):  # merges that rebuild a special token
             raise ModelError(f"the tokenizer turns the plain text {text[:60]!r} into special tokens",
                              hint="use a tokenizer whose special tokens are not reachable by merges")
         return ids
