@@ -51,8 +51,8 @@ from rlfactory_arithmetic import ArithmeticEnv
 from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import DEFAULT_MODEL, load_tokenizer, prepare_model
 from rlfactory_core.plugins import get_component
-from rlfactory_core.rollout import ChatTemplate, RolloutConfig, make_backend, rollout
-from rlfactory_core.rollout.agent_loop import parse_error_results, parse_turn, with_tools_prompt
+from rlfactory_core.rollout import ChatTemplate, RolloutConfig, TemplateFamily, make_backend, rollout
+from rlfactory_core.rollout.family import parse_error_results, parse_turn
 from rlfactory_core.types import Segment, ToolResult, Trajectory
 
 
@@ -115,13 +115,13 @@ class _Lockstep:
         self.done = False
 
 
-async def lockstep_rollout(samples, *, env, parser, tool_manager, backend, chat, config: RolloutConfig) -> list:
+async def lockstep_rollout(samples, *, env, family, tool_manager, backend, config: RolloutConfig) -> list:
     """The lockstep schedule, with the same ending rules as ``run_trajectory``."""
     rows = []
     for i, sample in enumerate(samples):
         reset = await env.reset(sample)
-        messages = with_tools_prompt(list(reset.messages), reset.tools, parser)
-        rows.append(_Lockstep(str(i), sample, reset.state, chat.prompt_ids(messages), config.sampling_params(i)))
+        _, prompt_ids = family.prompt(list(reset.messages), reset.tools)
+        rows.append(_Lockstep(str(i), sample, reset.state, prompt_ids, config.sampling_params(i)))
     try:
         for turn_index in range(config.max_turns):
             active = [row for row in rows if not row.done]
@@ -134,9 +134,9 @@ async def lockstep_rollout(samples, *, env, parser, tool_manager, backend, chat,
                 for row in active))
             turns = []
             for row, generation in zip(active, generations):
+                turn = parse_turn(family, generation.token_ids, row.context)
                 row.context.extend(generation.token_ids)
                 row.trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs)))
-                turn = parse_turn(parser, chat.decode(generation.token_ids))
                 row.trajectory.tool_calls.extend(turn.tool_calls)
                 turns.append(turn)
             # 2. every tool call of the batch; the batch waits for its slowest call
@@ -154,9 +154,8 @@ async def lockstep_rollout(samples, *, env, parser, tool_manager, backend, chat,
                         or turn_index + 1 == config.max_turns:
                     row.done = True
                     continue
-                observation = [*parser.render_tool_results([*parse_error_results(turn), *results]),
-                               *step.observation]
-                ids = chat.observation_ids(generation.token_ids, observation)
+                observation = [*family.tool_messages([*parse_error_results(turn), *results]), *step.observation]
+                ids = family.observation_ids(generation.token_ids, observation)
                 if len(row.context) + len(ids) >= config.max_trajectory_tokens:
                     row.done = True
                     continue
@@ -194,8 +193,8 @@ async def run_schedule(schedule: str, *, backend, chat, parser, samples, config,
     # Both schedules name trajectory i "i", so the latency of a call is the same in both.
     keyed = [dict(sample, id=str(i)) for i, sample in enumerate(samples)]
     schedule_fn = rollout if schedule == "async" else lockstep_rollout
-    trajectories = await schedule_fn(keyed, env=env, parser=parser, tool_manager=manager, backend=backend,
-                                     chat=chat, config=config)
+    trajectories = await schedule_fn(keyed, env=env, family=TemplateFamily(chat, parser), tool_manager=manager,
+                                     backend=backend, config=config)
     return _summary(trajectories, time.perf_counter() - start)
 
 

@@ -29,7 +29,7 @@ from .errors import (
     one_line,
 )
 from .hookspecs import hookimpl
-from .interfaces import Env, ResponseParser, Reward, Tool, ToolManager, check_component, member
+from .interfaces import Env, ModelFamily, ResponseParser, Reward, Tool, ToolManager, check_component, member
 from .plugins import get_component
 from .text import last_tag_content, tag_contents, without_reasoning
 from .threads import run_in_tool_thread
@@ -56,7 +56,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editor
     from .default_plugins.rewards import FormatReward, gold_answers, normalize_answer, same_answer, token_f1
     from .models import load_processor, load_tokenizer, resolve_model, rlfactory_home
     from .rewards import RewardContext
-    from .rollout import ChatTemplate, Generation, SamplingParams, make_backend
+    from .rollout import ChatTemplate, Generation, SamplingParams, TemplateFamily, make_backend
 
 # name -> module that defines it, imported on first access: these modules pull in config,
 # model loading or the rollout stack, which a plugin that only registers a tool never needs.
@@ -74,6 +74,7 @@ _LAZY = {
     "load_processor": "rlfactory_core.models",
     "RewardContext": "rlfactory_core.rewards",
     "ChatTemplate": "rlfactory_core.rollout",
+    "TemplateFamily": "rlfactory_core.rollout",
     "Generation": "rlfactory_core.rollout",
     "SamplingParams": "rlfactory_core.rollout",
     "make_backend": "rlfactory_core.rollout",
@@ -91,6 +92,7 @@ __all__ = [
     # component interfaces
     "Tool",
     "ResponseParser",
+    "ModelFamily",
     "Env",
     "ToolManager",
     "Reward",

@@ -35,6 +35,7 @@ from .types import EnvReset, EnvStep, Message, ParsedTurn, RewardOutput, Sample,
 __all__ = [
     "Tool",
     "ResponseParser",
+    "ModelFamily",
     "Env",
     "ToolManager",
     "Reward",
@@ -72,6 +73,36 @@ class ResponseParser(Protocol):
 
     def render_tool_results(self, results: Sequence[ToolResult]) -> list[Message]:
         """The messages that show the model the results of its calls."""
+
+
+class ModelFamily(Protocol):
+    """A model's chat format at the level of token ids: what the agent loop renders and
+    parses with (:mod:`rlfactory_core.rollout.family`; ``TemplateFamily`` is the model's own
+    chat template with a :class:`ResponseParser` as its tool-call format).
+
+    Text the model did not write (messages, tool results) reaches the ids as data: never as
+    the family's special tokens. Ids are appended, never re-rendered: the model's sampled
+    tokens stay as sampled."""
+
+    name: str
+
+    def prompt(self, messages: Sequence[Message], tools: Sequence[Tool]) -> tuple[list[Message], list[int]]:
+        """The opening messages as the model sees them (``tools`` described where the family
+        describes them) and their ids, ending with the generation prompt."""
+
+    def parse(self, completion_ids: Sequence[int], context_ids: Sequence[int]) -> ParsedTurn:
+        """Read one model turn from its sampled ids (``context_ids``: every id before them).
+        Never raises on model output."""
+
+    def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
+        """The messages that show the model the results of its calls."""
+
+    def observation_ids(self, completion_ids: Sequence[int], observation: Sequence[Message]) -> list[int]:
+        """The ids to append after the model turn ``completion_ids`` so that the context
+        shows ``observation`` and opens the next model turn (the model wrote none of them)."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ids the model wrote, for records and messages."""
 
 
 class Env(Protocol):

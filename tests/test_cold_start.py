@@ -20,7 +20,7 @@ from rlfactory_core.hookspecs import hookimpl
 from rlfactory_core.records import RunRecords
 from rlfactory_core.metrics import read_metrics
 from rlfactory_core.preflight import preflight
-from rlfactory_core.rollout import ChatTemplate, check_retokenization, rollout
+from rlfactory_core.rollout import ChatTemplate, TemplateFamily, check_retokenization, rollout
 from rlfactory_core.task import build_task
 from rlfactory_core.testing import ScriptedBackend, registered_plugin, train
 from rlfactory_core.training.cold_start import (collect_examples, demonstration_examples, example_batch,
@@ -116,8 +116,8 @@ def test_a_demonstration_is_replayed_token_exactly_with_its_tool_really_called_a
         kept, rows, tried, failed = await demonstration_examples(task, chat, samples, config, want=10)
         # the same turns written by a model, through the ordinary rollout
         scripted = ScriptedBackend(tokenizer, await task.env.demonstration(samples[0], task.parser))
-        written = await rollout(samples[:1], env=task.env, parser=task.parser, tool_manager=task.tool_manager,
-                                backend=scripted, chat=chat, config=config.rollout)
+        written = await rollout(samples[:1], env=task.env, family=TemplateFamily(chat, task.parser),
+                                tool_manager=task.tool_manager, backend=scripted, config=config.rollout)
         await task.close()
         return kept, rows, tried, failed, written[0]
 
@@ -184,7 +184,8 @@ class ScriptedEngine:
             value = eval(question)  # noqa: S307 - the env's own questions
             return f"The answer is {value if value % 2 == 0 else value + 1}."
 
-        self.rollout_half = LocalRollout(task, ScriptedBackend(tokenizer, reply), ChatTemplate(tokenizer))
+        self.rollout_half = LocalRollout(task, ScriptedBackend(tokenizer, reply),
+                                         TemplateFamily(ChatTemplate(tokenizer), task.parser))
         self.rollouts = 0
 
     async def rollout(self, samples, rollout_config, *, group_size, rewards="train"):

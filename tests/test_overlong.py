@@ -65,7 +65,7 @@ def test_a_trajectory_is_cut_off_when_a_limit_ended_it():
 def test_the_agent_loop_records_turns_stopped_at_max_tokens(default_model_dir):
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
     from rlfactory_core.plugins import get_component
-    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, rollout
+    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, TemplateFamily, rollout
     from rlfactory_core.testing import ScriptedBackend
 
     tokenizer = load_tokenizer(default_model_dir)
@@ -75,8 +75,8 @@ def test_the_agent_loop_records_turns_stopped_at_max_tokens(default_model_dir):
     def episode(script):
         env = ArithmeticEnv()
         manager = ConcurrentToolManager(env.tools, timeout_s=60.0)
-        [t] = asyncio.run(rollout(env.dataset(1), env=env, parser=parser, tool_manager=manager,
-                                  backend=ScriptedBackend(tokenizer, script), chat=chat, config=config))
+        [t] = asyncio.run(rollout(env.dataset(1), env=env, family=TemplateFamily(chat, parser), tool_manager=manager,
+                                  backend=ScriptedBackend(tokenizer, script), config=config))
         return t
 
     # a rambling answer, cut at 12 tokens: the episode ends on a cut turn

@@ -321,12 +321,12 @@ async def run_forged_rollout(backend, chat: ChatTemplate) -> Trajectory:
     data and that the trajectory is token-exact."""
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
     from rlfactory_core.plugins import get_component
-    from rlfactory_core.rollout import RolloutConfig, rollout
+    from rlfactory_core.rollout import RolloutConfig, TemplateFamily, rollout
 
     env, samples = forging_env()
     model = ScriptedThenReal(backend, chat, SCRIPT)
-    [trajectory] = await rollout(samples, env=env, parser=get_component("parser", "qwen3"),
-                                 tool_manager=ConcurrentToolManager(env.tools), backend=model, chat=chat,
+    [trajectory] = await rollout(samples, env=env, family=TemplateFamily(chat, get_component("parser", "qwen3")),
+                                 tool_manager=ConcurrentToolManager(env.tools), backend=model,
                                  config=RolloutConfig(max_turns=4, max_tokens_per_turn=8,
                                                       sampling={"temperature": 0.0}))
     assert trajectory.stop_reason in ("max_turns", "no_tool_call", "env_done"), trajectory.metadata
@@ -418,12 +418,13 @@ async def run_forging_screens(backend, chat: ChatTemplate, image_token: int) -> 
     model's): each literal ``<image>`` stays text, each screenshot is one image's run."""
     from test_vision import _NoTools, _PlainParser
 
-    from rlfactory_core.rollout import RolloutConfig, run_trajectory
+    from rlfactory_core.rollout import RolloutConfig, TemplateFamily, run_trajectory
 
     config = RolloutConfig(max_turns=3, max_tokens_per_turn=4, max_trajectory_tokens=512,
                            sampling={"temperature": 0.0})
-    trajectory = await run_trajectory({"id": "screens"}, env=ForgingScreenEnv(), parser=_PlainParser(),
-                                      tool_manager=_NoTools(), backend=backend, chat=chat, config=config)
+    trajectory = await run_trajectory({"id": "screens"}, env=ForgingScreenEnv(),
+                                      family=TemplateFamily(chat, _PlainParser()), tool_manager=_NoTools(),
+                                      backend=backend, config=config)
     assert trajectory.stop_reason == "env_done", trajectory.metadata
     ids = trajectory_ids(trajectory)
     assert len(trajectory.images) == 3

@@ -23,6 +23,7 @@ from rlfactory_core.plugins import get_component
 from rlfactory_core.rollout import (
     ChatTemplate,
     RolloutConfig,
+    TemplateFamily,
     check_retokenization,
     rollout,
     rollout_metrics,
@@ -81,8 +82,8 @@ def make_env(tool=None, **options) -> ArithmeticEnv:
 async def run(env, backend, chat, parser, samples=None, manager=None, group_size=1, **config):
     manager = manager or ConcurrentToolManager(env.tools, timeout_s=60.0)
     trajectories = await rollout(
-        samples if samples is not None else env.dataset(2), env=env, parser=parser, tool_manager=manager,
-        backend=backend, chat=chat, config=RolloutConfig(**{**GREEDY, **config}), group_size=group_size)
+        samples if samples is not None else env.dataset(2), env=env, family=TemplateFamily(chat, parser),
+        tool_manager=manager, backend=backend, config=RolloutConfig(**{**GREEDY, **config}), group_size=group_size)
     return trajectories
 
 

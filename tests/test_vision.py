@@ -15,7 +15,7 @@ from PIL import Image
 from rlfactory_core.training.batch import build_batch, rows_of
 from rlfactory_core.training.logprobs import token_logprobs
 from rlfactory_core.errors import ConfigError, ModelError
-from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, run_trajectory
+from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, TemplateFamily, run_trajectory
 from rlfactory_core.rollout.backends.hf import HFBackend
 from rlfactory_core.rollout.render import check_retokenization, trajectory_ids
 from rlfactory_core.types import EnvReset, EnvStep, Message, Segment, Trajectory
@@ -212,8 +212,9 @@ async def _rollout_with_images(chat, model, processor, temperature):
     config = RolloutConfig(max_turns=3, max_tokens_per_turn=5, max_trajectory_tokens=512,
                            sampling={"temperature": temperature, "seed": 11})
     try:
-        return [await run_trajectory({"id": f"s{i}"}, env=_ScreenEnv(), parser=_PlainParser(), tool_manager=_NoTools(),
-                                     backend=backend, chat=chat, config=config, index=i) for i in range(2)]
+        return [await run_trajectory({"id": f"s{i}"}, env=_ScreenEnv(), family=TemplateFamily(chat, _PlainParser()),
+                                     tool_manager=_NoTools(), backend=backend, config=config, index=i)
+                for i in range(2)]
     finally:
         await backend.close()
 
@@ -350,10 +351,11 @@ async def test_a_prompt_that_cannot_be_rendered_ends_its_trajectory_and_trains_o
     backend = HFBackend(model, max_batch_size=4, processor=processor)
     config = RolloutConfig(max_turns=3, max_tokens_per_turn=4, max_trajectory_tokens=512, sampling={"seed": 1})
     try:
-        bad = await run_trajectory({"id": "bad"}, env=_UnreadableScreenEnv(), parser=_PlainParser(),
-                                   tool_manager=_NoTools(), backend=backend, chat=chat, config=config)
-        good = await run_trajectory({"id": "good"}, env=_ScreenEnv(), parser=_PlainParser(), tool_manager=_NoTools(),
-                                    backend=backend, chat=chat, config=config)
+        bad = await run_trajectory({"id": "bad"}, env=_UnreadableScreenEnv(),
+                                   family=TemplateFamily(chat, _PlainParser()), tool_manager=_NoTools(),
+                                   backend=backend, config=config)
+        good = await run_trajectory({"id": "good"}, env=_ScreenEnv(), family=TemplateFamily(chat, _PlainParser()),
+                                    tool_manager=_NoTools(), backend=backend, config=config)
     finally:
         await backend.close()
     assert bad.stop_reason == "env_error" and "not a readable image file" in bad.metadata["error"]

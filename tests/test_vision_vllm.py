@@ -14,7 +14,7 @@ import torch
 from rlfactory_core.training.batch import build_batch, rows_of
 from rlfactory_core.training.logprobs import token_logprobs
 from rlfactory_core.training.policy import weights_for_backend
-from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, run_trajectory
+from rlfactory_core.rollout import ChatTemplate, RolloutConfig, SamplingParams, TemplateFamily, run_trajectory
 from rlfactory_core.rollout.backends.hf import HFBackend
 from rlfactory_core.rollout.render import trajectory_ids
 from rlfactory_core.types import Message
@@ -96,8 +96,8 @@ async def test_vllm_generates_token_exactly_from_the_images_and_the_trainer_agre
     config = RolloutConfig(max_turns=3, max_tokens_per_turn=5, max_trajectory_tokens=512,
                            sampling={"temperature": 0.7, "seed": 5})
     trajectories = list(await asyncio.gather(*(
-        run_trajectory({"id": f"s{i}"}, env=_ScreenEnv(), parser=_PlainParser(), tool_manager=_NoTools(),
-                       backend=vllm_vlm, chat=chat, config=config, index=i) for i in range(2))))
+        run_trajectory({"id": f"s{i}"}, env=_ScreenEnv(), family=TemplateFamily(chat, _PlainParser()),
+                       tool_manager=_NoTools(), backend=vllm_vlm, config=config, index=i) for i in range(2))))
     assert [t.stop_reason for t in trajectories] == ["env_done", "env_done"], [t.metadata for t in trajectories]
     for trajectory in trajectories:
         trajectory.group = 0  # one group of two, as a rollout would make it

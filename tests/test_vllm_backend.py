@@ -549,14 +549,14 @@ async def test_multi_turn_rollout_with_real_tools_is_token_exact(backend, tokeni
     from rlfactory_arithmetic import ArithmeticEnv
     from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
     from rlfactory_core.plugins import get_component
-    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, check_retokenization, rollout
+    from rlfactory_core.rollout import ChatTemplate, RolloutConfig, TemplateFamily, check_retokenization, rollout
     from rlfactory_core.training.batch import to_tensordict
 
     env = ArithmeticEnv(questions_per_episode=2)
     chat_template = ChatTemplate(tokenizer)
     trajectories = await rollout(
-        env.dataset(3), env=env, parser=get_component("parser", "qwen3"),
-        tool_manager=ConcurrentToolManager(env.tools), backend=backend, chat=chat_template,
+        env.dataset(3), env=env, family=TemplateFamily(chat_template, get_component("parser", "qwen3")),
+        tool_manager=ConcurrentToolManager(env.tools), backend=backend,
         config=RolloutConfig(max_turns=4, max_tokens_per_turn=48, sampling={"temperature": 0.0}))
     calls = [r for t in trajectories for r in t.tool_results]
     assert calls and any(r.ok and r.content.lstrip("-").isdigit() for r in calls)

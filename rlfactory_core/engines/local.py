@@ -101,16 +101,17 @@ class LocalRollout:
     """Rollout and rewards with one generation backend, in this process (also what each of
     the ray engine's rollout workers runs)."""
 
-    def __init__(self, task: Task, backend: Any, chat: Any, gate: OldestFirstGate | None = None):
-        self.task, self.backend, self.chat, self.gate = task, backend, chat, gate
+    def __init__(self, task: Task, backend: Any, family: Any, gate: OldestFirstGate | None = None):
+        self.task, self.backend, self.family, self.gate = task, backend, family, gate
 
     @classmethod
     async def open(cls, config: RunConfig, task: Task, model_path: Path | str, tokenizer: Any,
                    processor: Any = None) -> LocalRollout:
         """The config's backend for ``model_path``, started (a backend that fails to start is
-        closed), with ``task``, the model's chat template and, by ``train.generation_order``, the
-        gate that lets the oldest step's turns go first (:mod:`rlfactory_core.rollout.priority`)."""
-        from ..rollout import ChatTemplate
+        closed), with ``task``, the model family (its chat template, the task's tool-call
+        format) and, by ``train.generation_order``, the gate that lets the oldest step's turns
+        go first (:mod:`rlfactory_core.rollout.priority`)."""
+        from ..rollout import ChatTemplate, TemplateFamily
 
         backend = backend_for(config, model_path)
         try:
@@ -119,7 +120,7 @@ class LocalRollout:
         except BaseException:
             await backend.close()
             raise
-        return cls(task, backend, ChatTemplate(tokenizer, processor=processor),
+        return cls(task, backend, TemplateFamily(ChatTemplate(tokenizer, processor=processor), task.parser),
                    OldestFirstGate() if oldest_first(config) else None)
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,
@@ -131,9 +132,9 @@ class LocalRollout:
         from ..rollout import rollout
 
         t = time.perf_counter()
-        trajectories = await rollout(samples, env=self.task.env, parser=self.task.parser,
+        trajectories = await rollout(samples, env=self.task.env, family=self.family,
                                      tool_manager=self.task.tool_manager, backend=gated(self.backend, self.gate, priority),
-                                     chat=self.chat, config=rollout_config, group_size=group_size)
+                                     config=rollout_config, group_size=group_size)
         times = {"time/rollout": time.perf_counter() - t}
         t = time.perf_counter()
         layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
@@ -147,9 +148,9 @@ class LocalRollout:
         from ..rollout import rollout_groups
 
         layer = self.task.rewards if rewards == "train" else self.task.eval_rewards
-        stream = rollout_groups(samples, env=self.task.env, parser=self.task.parser,
+        stream = rollout_groups(samples, env=self.task.env, family=self.family,
                                 tool_manager=self.task.tool_manager, backend=gated(self.backend, self.gate, priority),
-                                chat=self.chat, config=rollout_config, group_size=group_size)
+                                config=rollout_config, group_size=group_size)
         async with contextlib.aclosing(stream):
             async for trajectories in stream:
                 index = trajectories[0].group

@@ -2,6 +2,8 @@
 
 - :mod:`.agent_loop`: one asyncio task per trajectory (``rollout``, ``run_trajectory``,
   ``RolloutConfig``, ``rollout_metrics``)
+- :mod:`.family`: the model family the loop renders and parses with (``TemplateFamily``: the
+  model's chat template and a tool-call format)
 - :mod:`.render`: chat-template deltas for observations, the re-tokenization checker
 - :mod:`.backends`: generation backends: the interface (:mod:`.backends.base`), the
   implementations (:mod:`.backends.hf`, :mod:`.backends.vllm`) and ``make_backend``
@@ -15,6 +17,7 @@ from .agent_loop import (STOP_REASONS, RolloutConfig, SamplingConfig, rollout, r
                          run_trajectory)
 from .backends import (BACKEND_NAMES, GREEDY_TEMPERATURE, Backend, Generation, SamplingParams, make_backend,
                        vllm_available)
+from .family import TemplateFamily
 from .render import ChatTemplate, RetokenizationReport, check_retokenization
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "BACKEND_NAMES",
     "GREEDY_TEMPERATURE",
     "ChatTemplate",
+    "TemplateFamily",
     "RetokenizationReport",
     "check_retokenization",
 ]

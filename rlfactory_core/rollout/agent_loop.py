@@ -8,14 +8,14 @@ for the slowest generation and then for the slowest tool of the batch).
 One trajectory::
 
     env.reset(sample)                -> opening messages, tools, private state
-    prompt ids = chat template(system prompt with the parser's tools section + messages)
+    prompt ids = family.prompt(messages, tools)   (the model family: rollout.family)
     repeat:
         backend.generate(all ids so far, the same sampling, their images) -> model segment
-        parser.parse(text of the new ids)                                -> tool calls, errors
+        family.parse(the new ids, the ids before them)                   -> tool calls, errors
         tool manager runs the calls (concurrently, limits, timeouts)    -> results
         env.step(state, parsed turn, results)                            -> feedback, done, reward
-        observation = parser.render_tool_results(results) + feedback
-        ids += chat-template delta of the observation                    -> observation segment
+        observation = family.tool_messages(results) + feedback
+        ids += family.observation_ids(the new ids, observation)         -> observation segment
     env.close(state)                                                     (always)
 
 It ends (``Trajectory.stop_reason``) on: ``no_tool_call`` (the model answered and the env
@@ -45,10 +45,10 @@ from ..errors import one_line
 from ..plugins import notify
 from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, Trajectory
 from .backends.base import Backend, SamplingParams
-from .render import ChatTemplate
+from .family import parse_error_results, parse_turn
 
 __all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "rollout_groups", "rollout_metrics",
-           "STOP_REASONS", "with_tools_prompt", "parse_turn", "parse_error_results"]
+           "STOP_REASONS"]
 
 log = logging.getLogger("rlfactory.rollout")
 
@@ -97,33 +97,6 @@ class RolloutConfig(pydantic.BaseModel):
         )
 
 
-def with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
-    """The opening messages with the tools described in the system prompt by the parser."""
-    if not tools:
-        return list(messages)
-    if messages and messages[0].role == "system":
-        first = messages[0]
-        system = replace(first, content=parser.render_system_prompt(first.content, tools))
-        return [system, *messages[1:]]
-    return [Message(role="system", content=parser.render_system_prompt("", tools)), *messages]
-
-
-def parse_turn(parser: Any, text: str) -> ParsedTurn:
-    """The parser's reading of a model turn; a parser that raises (its contract says never)
-    gives a turn with one parse error instead, so one bug never ends the batch."""
-    try:
-        return parser.parse(text)
-    except Exception as exc:  # noqa: BLE001 - the contract says never raise; a bug must not end the batch
-        from ..types import ParseError
-
-        return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(f"the parser failed: {one_line(exc)}")])
-
-
-def parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
-    """The parse errors of a turn as tool results the model is shown."""
-    return [ToolResult(name="parser", content=f"Error: {e.message}", error="parse_error") for e in turn.errors]
-
-
 def _token_limit(config: RolloutConfig, backend: Any) -> int:
     """``max_trajectory_tokens``, lowered to the model's context length when the backend
     knows it (a longer request would be refused by the backend)."""
@@ -147,10 +120,9 @@ async def run_trajectory(
     sample: Sample,
     *,
     env: Any,
-    parser: Any,
+    family: Any,
     tool_manager: Any,
     backend: Backend,
-    chat: ChatTemplate,
     config: RolloutConfig,
     index: int = 0,
 ) -> Trajectory:
@@ -170,12 +142,8 @@ async def run_trajectory(
             return _end(trajectory, "env_error", f"env.reset failed: {one_line(exc)}")
         state = trajectory.env_state = reset.state
         try:
-            messages = with_tools_prompt(list(reset.messages), reset.tools, parser)
-        except Exception as exc:  # noqa: BLE001 - e.g. this episode's tools are ones the parser cannot show
-            return _end(trajectory, "env_error", f"the parser could not present the tools: {one_line(exc)}")
-        try:
-            trajectory.prompt_ids = chat.prompt_ids(messages)
-        except Exception as exc:  # noqa: BLE001 - e.g. images for a text-only model, an unreadable image
+            messages, trajectory.prompt_ids = family.prompt(list(reset.messages), reset.tools)
+        except Exception as exc:  # noqa: BLE001 - e.g. tools the format cannot show, images for a text-only model
             return _end(trajectory, "env_error", f"rendering the prompt failed: {one_line(exc)}")
         # Only now: the messages (and their images) are those the ids hold.
         trajectory.messages = list(messages)
@@ -201,16 +169,15 @@ async def run_trajectory(
             trajectory.metadata["generation_s"] += time.perf_counter() - started
             trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs),
                                                policy_version=getattr(generation, "policy_version", None)))
+            turn = parse_turn(family, generation.token_ids, context)
             context.extend(generation.token_ids)
-            text = chat.decode(generation.token_ids)
-            trajectory.messages.append(Message(role="assistant", content=text))
+            trajectory.messages.append(Message(role="assistant", content=family.decode(generation.token_ids)))
             # a turn stopped at max_tokens: the last one makes the trajectory cut off (training.overlong)
             trajectory.metadata["last_turn_cut"] = generation.finish_reason == "length"
             trajectory.metadata["cut_turns"] += generation.finish_reason == "length"
             if generation.finish_reason == "abort":
                 return _end(trajectory, "aborted", "the backend aborted the request")
 
-            turn = parse_turn(parser, text)
             trajectory.tool_calls.extend(turn.tool_calls)
             trajectory.metadata["tool_call_turns"] += [turn_index] * len(turn.tool_calls)  # the calls' model turns
             trajectory.metadata["parse_errors"] += len(turn.errors)
@@ -250,9 +217,9 @@ async def run_trajectory(
             if turn_index + 1 == config.max_turns:
                 return _end(trajectory, "max_turns")
 
-            observation = [*parser.render_tool_results([*parse_error_results(turn), *results]), *step.observation]
             try:
-                observation_ids = chat.observation_ids(generation.token_ids, observation)
+                observation = [*family.tool_messages([*parse_error_results(turn), *results]), *step.observation]
+                observation_ids = family.observation_ids(generation.token_ids, observation)
             except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a message
                 return _end(trajectory, "env_error", f"rendering the observation failed: {one_line(exc)}")
             # Room for the observation and at least one generated token, or the episode ends
@@ -292,10 +259,9 @@ async def rollout(
     samples: Sequence[Sample],
     *,
     env: Any,
-    parser: Any,
+    family: Any,
     tool_manager: Any,
     backend: Backend,
-    chat: ChatTemplate,
     config: RolloutConfig,
     group_size: int = 1,
 ) -> list[Trajectory]:
@@ -303,19 +269,17 @@ async def rollout(
     order (the ``group_size`` trajectories of sample 0 first), each with its ``group`` (the
     index of its sample in ``samples``). Observers see each trajectory end
     (``rlfactory_on_trajectory_end``)."""
-    return list(await asyncio.gather(*_trajectory_jobs(samples, env=env, parser=parser, tool_manager=tool_manager,
-                                                       backend=backend, chat=chat, config=config,
-                                                       group_size=group_size)))
+    return list(await asyncio.gather(*_trajectory_jobs(samples, env=env, family=family, tool_manager=tool_manager,
+                                                       backend=backend, config=config, group_size=group_size)))
 
 
 async def rollout_groups(
     samples: Sequence[Sample],
     *,
     env: Any,
-    parser: Any,
+    family: Any,
     tool_manager: Any,
     backend: Backend,
-    chat: ChatTemplate,
     config: RolloutConfig,
     group_size: int = 1,
 ) -> AsyncIterator[list[Trajectory]]:
@@ -324,7 +288,7 @@ async def rollout_groups(
     start as :func:`rollout` starts them (all at once, in the same order, with the same
     seeds), so they are the same trajectories. Closing the iterator early cancels the rest."""
     jobs = [asyncio.ensure_future(job) for job in _trajectory_jobs(
-        samples, env=env, parser=parser, tool_manager=tool_manager, backend=backend, chat=chat, config=config,
+        samples, env=env, family=family, tool_manager=tool_manager, backend=backend, config=config,
         group_size=group_size)]
     groups = [asyncio.gather(*jobs[g * group_size:(g + 1) * group_size]) for g in range(len(samples))]
     try:
@@ -336,14 +300,14 @@ async def rollout_groups(
         await asyncio.gather(*jobs, return_exceptions=True)
 
 
-def _trajectory_jobs(samples: Sequence[Sample], *, env: Any, parser: Any, tool_manager: Any, backend: Backend,
-                     chat: ChatTemplate, config: RolloutConfig, group_size: int) -> list[Any]:
+def _trajectory_jobs(samples: Sequence[Sample], *, env: Any, family: Any, tool_manager: Any, backend: Backend,
+                     config: RolloutConfig, group_size: int) -> list[Any]:
     """One coroutine per trajectory, sample by sample: ``i`` numbers the trajectories (it
     seeds their sampling), ``group`` names their sample."""
 
     async def one(i: int, group: int, sample: Sample) -> Trajectory:
-        trajectory = await run_trajectory(sample, env=env, parser=parser, tool_manager=tool_manager,
-                                          backend=backend, chat=chat, config=config, index=i)
+        trajectory = await run_trajectory(sample, env=env, family=family, tool_manager=tool_manager,
+                                          backend=backend, config=config, index=i)
         trajectory.group = group
         notify("rlfactory_on_trajectory_end", trajectory=trajectory, sample=sample)
         return trajectory

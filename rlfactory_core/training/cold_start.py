@@ -173,7 +173,7 @@ async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], c
     settings, scored by the training rewards and kept when they call it correct. Returns the
     trajectories, the indices of their samples, the demonstrations replayed and how many of
     them were not kept."""
-    from ..rollout import run_trajectory
+    from ..rollout import TemplateFamily, run_trajectory
 
     demonstrate = member("env", task.env, "demonstration")
     if demonstrate is None:
@@ -191,9 +191,9 @@ async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], c
             return _FAILED
         if not turns:
             return None
-        trajectory = await run_trajectory(samples[row], env=task.env, parser=task.parser,
+        trajectory = await run_trajectory(samples[row], env=task.env, family=TemplateFamily(chat, task.parser),
                                           tool_manager=task.tool_manager, backend=ReplayBackend(chat, turns),
-                                          chat=chat, config=config.rollout, index=row)
+                                          config=config.rollout, index=row)
         trajectory.group = row
         return trajectory
 

@@ -408,7 +408,7 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
     tool manager, the reward layer of `android_task`; the embedded model's chat template) with a scripted model: open
     Settings, tap a row by its number on the screen, answer "Done.". The right row passes the
     task's check and scores 1; the wrong row scores 0."""
-    from rlfactory_core import ChatTemplate, load_tokenizer
+    from rlfactory_core import ChatTemplate, TemplateFamily, load_tokenizer
     from rlfactory_core.testing import (DEFAULT_MODEL, RolloutConfig, build_task, load_config, prepare_model,
                                         rollout)
 
@@ -425,8 +425,8 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
         "Turn off Do not disturb.": [("open_app", {"app": "Settings"}), ("tap", {"element": "Wi-Fi"}), "Done."],
     }), end_token_id=chat.turn_end_id)
     try:
-        trajectories = await rollout(samples, env=env, parser=built.parser, tool_manager=built.tool_manager,
-                                     backend=model, chat=chat,
+        trajectories = await rollout(samples, env=env, family=TemplateFamily(chat, built.parser),
+                                     tool_manager=built.tool_manager, backend=model,
                                      config=RolloutConfig(**config.rollout.model_dump()))
         for trajectory in trajectories:
             assert trajectory.stop_reason == "env_done" and trajectory.num_turns == 3, trajectory.metadata

@@ -134,7 +134,7 @@ def server_processes_named(fragment):
 async def test_a_rollout_recovers_when_a_server_is_killed_mid_run(files):
     """32 trajectories through the real rollout engine and tool manager; the server is
     killed after 10 of them have their result. Every trajectory still gets its result."""
-    from rlfactory_core import ChatTemplate, load_tokenizer
+    from rlfactory_core import ChatTemplate, TemplateFamily, load_tokenizer
     from rlfactory_core.testing import (DEFAULT_MODEL, ConcurrentToolManager, RolloutConfig, build_reward_layer,
                                         prepare_model, rollout)
 
@@ -146,8 +146,8 @@ async def test_a_rollout_recovers_when_a_server_is_killed_mid_run(files):
     manager = ConcurrentToolManager(env.tools, timeout_s=120)
     try:
         samples = env.dataset(32, "train")
-        trajectories = await rollout(samples, env=env, parser=get_component("parser", "qwen3"), tool_manager=manager,
-                                     backend=policy, chat=chat,
+        trajectories = await rollout(samples, env=env, family=TemplateFamily(chat, get_component("parser", "qwen3")),
+                                     tool_manager=manager, backend=policy,
                                      config=RolloutConfig(max_turns=3, max_tokens_per_turn=64))
         assert script.killed is not None and env.toolset.restarts >= 1
         assert all(t.stop_reason == "env_done" for t in trajectories)

@@ -273,7 +273,7 @@ def scripted_model(tokenizer, script):
 async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
     """Real rollouts (qwen3 parser, tool manager, chat template of the embedded model) with a
     scripted model: one right answer, one wrong, one that errs, one without tags."""
-    from rlfactory_core import ChatTemplate, load_tokenizer
+    from rlfactory_core import ChatTemplate, TemplateFamily, load_tokenizer
     from rlfactory_core.testing import DEFAULT_MODEL, RolloutConfig, build_reward_layer, prepare_model, rollout
 
     tokenizer = load_tokenizer(prepare_model(DEFAULT_MODEL))
@@ -288,8 +288,9 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer(env, built):
     }
     config = load_config([], ["rewards=[{name: sql_execution}]"], flags={"env": "nl2sql"})
     manager = ConcurrentToolManager(env.tools)
-    trajectories = await rollout(samples, env=env, parser=get_component("parser", "qwen3"), tool_manager=manager,
-                                 backend=scripted_model(tokenizer, script), chat=ChatTemplate(tokenizer),
+    family = TemplateFamily(ChatTemplate(tokenizer), get_component("parser", "qwen3"))
+    trajectories = await rollout(samples, env=env, family=family, tool_manager=manager,
+                                 backend=scripted_model(tokenizer, script),
                                  config=RolloutConfig(**config.rollout.model_dump()), group_size=1)
     assert [t.num_turns for t in trajectories] == [2, 2, 2, 2]
     assert "PER" in trajectories[0].tool_results[0].content
