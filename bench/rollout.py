@@ -113,6 +113,7 @@ class _Lockstep:
         self.key, self.sample, self.state, self.context, self.sampling = key, sample, state, context, sampling
         self.trajectory = Trajectory(sample_id=key, prompt_ids=list(context))
         self.done = False
+        self.before: list[int] = []  # the context the last turn was sampled after
 
 
 async def lockstep_rollout(samples, *, env, family, tool_manager, backend, config: RolloutConfig) -> list:
@@ -134,7 +135,8 @@ async def lockstep_rollout(samples, *, env, family, tool_manager, backend, confi
                 for row in active))
             turns = []
             for row, generation in zip(active, generations):
-                turn = parse_turn(family, generation.token_ids, row.context)
+                row.before = list(row.context)
+                turn = parse_turn(family, generation.token_ids, row.before)
                 row.context.extend(generation.token_ids)
                 row.trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs)))
                 row.trajectory.tool_calls.extend(turn.tool_calls)
@@ -155,7 +157,7 @@ async def lockstep_rollout(samples, *, env, family, tool_manager, backend, confi
                     row.done = True
                     continue
                 observation = [*family.tool_messages([*parse_error_results(turn), *results]), *step.observation]
-                ids = family.observation_ids(generation.token_ids, observation)
+                ids = family.observation_ids(generation.token_ids, row.before, observation)
                 if len(row.context) + len(ids) >= config.max_trajectory_tokens:
                     row.done = True
                     continue

@@ -72,6 +72,10 @@ class ModelSection(_Section):
         "auto", "auto = flash_attention_2 on a GPU with flash-attn installed, else sdpa")
     gradient_checkpointing: bool = _field(False, "recompute activations in the backward pass (less memory)")
     lora: LoraSection = _field(LoraSection, "LoRA adapters")
+    family: str = _field("auto", "the chat format at the level of token ids (a registered model family: template, "
+                                 "qwen3, llama3, gpt-oss, deepseek-v4 ...); auto = the one whose anchor tokens the "
+                                 "tokenizer has, else template (the model's own chat template)")
+    family_options: dict[str, Any] = _field(dict, "options of the family's build (e.g. qwen3's thinking_retention)")
 
 
 class ToolManagerSpec(_Section):

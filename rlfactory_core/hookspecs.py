@@ -133,6 +133,28 @@ def rlfactory_register_rewards(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def rlfactory_register_model_families(register: Callable[..., None]) -> None:
+    """Register model families: a model's chat format at the level of token ids.
+
+    :param register: call ``register(cls)`` with a class whose ``name`` and
+        ``description`` are strings, with a classmethod ``build(tokenizer, **options)`` that
+        returns the run's family (``model.family_options`` are its options; a ``parser``
+        parameter gets the run's tool-call format, a ``processor`` parameter the model's
+        image processor) and with the methods of ``rlfactory_core.ModelFamily``:
+        ``prompt(messages, tools)``, ``parse(completion_ids, context_ids)`` (never raises on
+        model output), ``tool_messages(results)``, ``observation_ids(completion_ids,
+        context_ids, observation)`` (append-only: the ids the model wrote stay as written)
+        and ``decode(ids)``. Optional ``anchors`` (token -> id the tokenizer must have) and
+        ``detected`` (``model.family: auto`` picks the family when its anchors hold). Raises
+        ``RegistrationError`` or ``DuplicateComponentError`` as for tools.
+    :return: nothing; the return value is ignored.
+
+    Calling convention: every implementation is called, once per process, one plugin at
+    a time. Added in 0.2.0 (plugin API 1.2).
+    """
+
+
+@hookspec
 def rlfactory_register_commands(app: Any) -> None:
     """Add commands to the ``rlf`` command line.
 

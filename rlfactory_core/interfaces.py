@@ -1,6 +1,6 @@
 """The component interfaces plugins implement, and the checks ``register`` applies.
 
-Five kinds of component are registered by name through the hooks in
+Six kinds of component are registered by name through the hooks in
 :mod:`rlfactory_core.hookspecs`:
 
 =============  ==========================  =================================================
@@ -11,6 +11,7 @@ parser         an instance                  :class:`ResponseParser`
 env            a class                      :class:`Env` (instantiated with config options)
 tool_manager   a class                      :class:`ToolManager` (instantiated per env)
 reward         a class                      :class:`Reward` (instantiated with config options)
+family         a class                      :class:`ModelFamily` (built with the model's tokenizer)
 =============  ==========================  =================================================
 
 Stateless components (tools, parsers) are registered as ready instances; components that
@@ -97,9 +98,11 @@ class ModelFamily(Protocol):
     def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
         """The messages that show the model the results of its calls."""
 
-    def observation_ids(self, completion_ids: Sequence[int], observation: Sequence[Message]) -> list[int]:
-        """The ids to append after the model turn ``completion_ids`` so that the context
-        shows ``observation`` and opens the next model turn (the model wrote none of them)."""
+    def observation_ids(self, completion_ids: Sequence[int], context_ids: Sequence[int],
+                        observation: Sequence[Message]) -> list[int]:
+        """The ids to append after the model turn ``completion_ids`` (``context_ids``: every
+        id before it) so that the context shows ``observation`` and opens the next model turn
+        (the model wrote none of them)."""
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of ids the model wrote, for records and messages."""
@@ -264,12 +267,46 @@ MEMBERS: tuple[Member, ...] = (
            "when `score` has this parameter, it receives the env's state and tools (`RewardContext`)", of="score"),
     Member("reward", "close", "method", "close() -> None  (or async)", False,
            "release what the reward holds (a judge's client); called at the end of the run", default=None),
+    Member("family", "name", "attribute", "name: ClassVar[str]", True, "the registered name (`model.family`)"),
+    Member("family", "description", "attribute", "description: ClassVar[str]", True,
+           "shown by `rlf plugins list` and when a run says which family it uses"),
+    Member("family", "build", "method", "build(tokenizer, **options) -> ModelFamily  (a classmethod)", True,
+           "the run's family for the model's tokenizer, with `model.family_options`; raise `ModelError` naming "
+           "what does not fit"),
+    Member("family", "parser", "parameter", "parser: ResponseParser", False,
+           "when `build` has this parameter, it gets the run's tool-call format (the `parser` key: a recipe's "
+           "choice, apart from the model); a family without it writes tool calls in its own format",
+           of="build"),
+    Member("family", "processor", "parameter", "processor: Any", False,
+           "when `build` has this parameter, it gets the model's image processor (None for text-only models)",
+           of="build"),
+    Member("family", "anchors", "attribute", "anchors: ClassVar[dict[str, int | None]]", False,
+           "token -> id the model's tokenizer must have (None: one token, any id); a `model.family` whose anchors "
+           "fail is refused before the run starts. Empty: any tokenizer", default=_EMPTY),
+    Member("family", "detected", "attribute", "detected: ClassVar[bool]", False,
+           "whether `model.family: auto` picks this family when its anchors hold (one family must match)",
+           default=False),
+    Member("family", "native_format", "attribute", "native_format: ClassVar[str]", False,
+           "the registered parser whose format is this family's own (a run may name it in `parser`)",
+           default=None),
+    Member("family", "prompt", "method", "prompt(messages, tools) -> tuple[list[Message], list[int]]", True,
+           "the opening messages as the model sees them and their ids, ending with the generation prompt"),
+    Member("family", "parse", "method", "parse(completion_ids, context_ids) -> ParsedTurn", True,
+           "read one model turn from its sampled ids; never raises on model output"),
+    Member("family", "tool_messages", "method", "tool_messages(results) -> list[Message]", True,
+           "the messages that show the model the results of its calls"),
+    Member("family", "observation_ids", "method", "observation_ids(completion_ids, context_ids, observation) -> "
+           "list[int]", True, "the ids appended after a model turn: the observation and the next turn's opening"),
+    Member("family", "decode", "method", "decode(token_ids) -> str", True, "the text of ids the model wrote"),
+    Member("family", "stop_token_ids", "attribute", "stop_token_ids: Sequence[int]", False,
+           "the ids that end a model turn besides the model's EOS (gpt-oss's <|call|>); a turn keeps its last id",
+           default=()),
 )
 
 _DECLARED: dict[tuple[str, str], Member] = {(m.kind, m.name): m for m in MEMBERS}
 COMPONENT_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for m in MEMBERS))
 # Registered as classes (instantiated with config options) rather than as instances.
-_CLASSES = frozenset({"env", "tool_manager", "reward"})
+_CLASSES = frozenset({"env", "tool_manager", "reward", "family"})
 
 
 def _declared(kind: str, name: str, forms: tuple[str, ...]) -> Member:

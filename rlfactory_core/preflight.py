@@ -154,6 +154,10 @@ def run_problems(
     splits = ["train", eval_split] if purpose == "train" else [split]
     problems += _data_problems(env_cls, str(env_name), data, splits)
     problems += _backend_problems(values.get("backend"), values.get("backend_options"))
+    model_values = values.get("model") if isinstance(values.get("model"), Mapping) else {}
+    family = model_values.get("family")
+    if family != "auto":  # auto looks at the tokenizer, when the run loads it
+        _component(problems, "family", family, "model.family")
     cold_start = values.get("cold_start") if isinstance(values.get("cold_start"), Mapping) else {}
     if purpose == "train" and cold_start.get("source") == "demonstrations" and env_cls is not None \
             and member("env", env_cls, "demonstration") is None:

@@ -33,6 +33,7 @@ from .data import load_samples
 from .engines import build_driver_task, make_engine
 from .errors import ConfigError, Interrupted, one_line
 from .evaluation import run_eval
+from .families import TEMPLATE, choose_family
 from .logs import LOG_FILE, log_to
 from .metrics import LiveView, MetricsLogger, read_metrics
 from .models import check_images, load_tokenizer, resolve_model
@@ -68,6 +69,7 @@ class Prepared:
     base_path: Path
     tokenizer: Any
     processor: Any
+    family: Any  # the model family chosen (rlfactory_core.families.FamilyChoice)
 
 
 @dataclass
@@ -93,6 +95,7 @@ class Run:
     last_metrics: dict[str, float] = field(default_factory=dict)
     status: StatusWriter | None = None
     trained_ahead: set[int] = field(default_factory=set)  # positions past ``position`` already trained
+    family: Any = None  # the model family chosen (rlfactory_core.families.FamilyChoice)
 
     def mark_trained(self, positions: Sequence[int]) -> None:
         """The prompts at data ``positions`` are trained: ``position`` moves past every prompt
@@ -158,10 +161,16 @@ async def prepare(config: RunConfig, *, resume: Path | None) -> Prepared:
         base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
         tokenizer = load_tokenizer(base_path)
         processor = check_images(config, task.env, base_path)
+        family = choose_family(config, tokenizer, processor)
+        if family.name != TEMPLATE and config.cold_start.source == "demonstrations":
+            raise ConfigError([f"cold_start.source: demonstrations are written in a text tool-call format (the "
+                               f"template family's); the {family.name} family writes its own; use "
+                               f"cold_start.source=rejection, or model.family=template"])
     except BaseException:
         await task.close()  # an MCP env's servers, a judge's client
         raise
-    return Prepared(config, task, resume, checkpoint, train_samples, eval_samples, base_path, tokenizer, processor)
+    return Prepared(config, task, resume, checkpoint, train_samples, eval_samples, base_path, tokenizer, processor,
+                    family)
 
 
 @contextlib.asynccontextmanager
@@ -175,7 +184,7 @@ async def opened(prepared: Prepared, console: Any) -> AsyncIterator[Run]:
         await task.close()
         raise
     with lock:
-        _announce(console, config, run_dir, prepared.checkpoint)
+        _announce(console, config, run_dir, prepared.checkpoint, prepared.family)
         for warning in (bf16_warning(config.train.bf16, training_device(config)), _shared_cores_warning(config)):
             if warning is not None:
                 say(console, f"warning: {warning}")
@@ -233,7 +242,8 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
                   prepared.train_samples, prepared.eval_samples,
                   position=0 if resumed is None else resumed["position"], start_step=start_step,
                   finished_step=start_step, last_saved=start_step,
-                  trained_ahead=set(() if resumed is None else resumed.get("trained_ahead", ())))
+                  trained_ahead=set(() if resumed is None else resumed.get("trained_ahead", ())),
+                  family=prepared.family)
         with view:
             yield run
     except (PhaseDropped, asyncio.CancelledError):
@@ -299,7 +309,7 @@ def _cores(cpus: Sequence[int]) -> str:
     return f"core{'s' if len(cpus) > 1 else ''} {','.join(map(str, cpus))}"
 
 
-def _announce(console: Any, config: RunConfig, run_dir: Path, checkpoint: Path | None) -> None:
+def _announce(console: Any, config: RunConfig, run_dir: Path, checkpoint: Path | None, family: Any) -> None:
     if console is None:
         return
     from rich.markup import escape
@@ -309,6 +319,7 @@ def _announce(console: Any, config: RunConfig, run_dir: Path, checkpoint: Path |
                   f"{steps} of {config.grpo.prompts_per_step} prompts x {config.grpo.group_size}, run in [cyan]"
                   f"{escape(str(run_dir))}[/]" + (f" (resuming after {checkpoint.name})" if checkpoint is not None
                                                  else ""), highlight=False, soft_wrap=True)
+    console.print(f"model family [cyan]{escape(family.describe())}[/]", highlight=False, soft_wrap=True)
 
 
 def say(console: Any, text: str) -> None:

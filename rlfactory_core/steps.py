@@ -30,6 +30,7 @@ from .run import Run
 from .stopping import PhaseDropped
 from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch
+from .families import TEMPLATE
 from .training.cold_start import collect_examples, example_batch
 from .training.overlong import overlong_metrics, with_overlong_penalty
 
@@ -228,7 +229,9 @@ async def _cold_start(run: Run) -> dict[str, float]:
     from .rollout import ChatTemplate
 
     config, view = run.config, run.view
-    chat = ChatTemplate(run.tokenizer, processor=run.processor)  # the rollout's rendering, for replayed demonstrations
+    # the rollout's rendering, for replayed demonstrations (written in the template family's text formats)
+    chat = ChatTemplate(run.tokenizer, processor=run.processor) if run.family is None or run.family.name == TEMPLATE \
+        else None
     examples = await run.stop.droppable(collect_examples(
         run.engine, run.task, chat, config, run.train_samples,
         lambda attempt: rollout_config_for(config, 0, attempt=attempt)))

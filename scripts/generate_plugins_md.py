@@ -133,7 +133,53 @@ KIND_TITLES = {
     "env": "env: a class, instantiated with the config's `env_options`",
     "tool_manager": "tool_manager: a class, instantiated as `cls(tools, **options)` per env",
     "reward": "reward: a class, instantiated with the reward's config options",
+    "family": "family: a class, built per run as `cls.build(tokenizer, **model.family_options)`",
 }
+
+FAMILIES_TEXT = """\
+## Adding a model family; parsers and families
+
+A model family is a model's chat format at the level of token ids
+(`rlfactory_core.ModelFamily`): it renders the opening messages and tool schemas to prompt
+ids, reads a model turn from its sampled ids, and gives the ids appended after a turn for
+the tool results (never re-rendering what the model wrote). A run uses the family
+`model.family` names, or under `auto` the one registered family marked `detected` whose
+`anchors` (token -> id) the tokenizer has, else `template`: the model's own chat template
+with the run's tool-call format. A family whose anchors the tokenizer contradicts is
+refused before the run starts.
+
+```python
+# my_plugin/__init__.py: the embedded model's ChatML, detected by its ids
+from rlfactory_core import TemplateFamily, hookimpl
+
+class MyChatML(TemplateFamily):
+    name = "my-chatml"
+    description = "ChatML with <|im_start|> = 1"
+    anchors = {"<|im_start|>": 1, "<|im_end|>": 2}
+    detected = True
+
+@hookimpl
+def rlfactory_register_model_families(register):
+    register(MyChatML)
+```
+
+A family written from scratch implements `build`, `prompt`, `parse`, `tool_messages`,
+`observation_ids` and `decode` (the table above). Its two duties: text the model did not
+write (messages, tool results) reaches the ids as plain text, never as the vocabulary's
+special or added tokens; and `parse` never raises on model output and takes time linear in
+its length (`rlfactory_core.testing.check_parser_conformance` holds parsers to that).
+
+Parsers stay parsers: a tool-call format read from text (`qwen3`'s `<tool_call>` blocks,
+`search_r1`, `pythonic`) is the `parser` of the `template` family, a recipe's choice apart
+from the model, and needs no change. A format whose calls are delimited by special tokens
+(Llama 3.1's `<|python_tag|>`, harmony's `<|call|>`, Mistral's `[TOOL_CALLS]`) cannot be
+read from text, because the agent loop decodes a turn without special tokens for the
+parser: such a format is a family, whose `parse` reads the ids. A family that writes calls
+in its own format has no `parser` parameter in `build`; a run that chooses another format
+then gets the `template` family under `auto` (and says so) or an error when it names the
+family.
+
+"""
 
 MIGRATION_TEXT = """\
 ## Moving a plugin to the 0.2 layout
@@ -314,6 +360,7 @@ def render() -> str:
     missing = [name for name, _ in specs if name not in grouped]
     if missing:
         raise SystemExit(f"hooks outside any PLUGINS.md group: {missing}; add a group in {__file__}")
+    parts.append(FAMILIES_TEXT)
     parts.append(migration())
     return "".join(parts).rstrip() + "\n"
 

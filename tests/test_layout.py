@@ -305,7 +305,7 @@ LAYERS = [
     ("models", {"models"}),
     ("rollout", {"rollout"}),
     ("config", {"config"}),  # the run's config composes the sections the layers before it define
-    ("task", {"task", "data", "runs", "run_status", "metrics", "records"}),
+    ("task", {"task", "families", "data", "runs", "run_status", "metrics", "records"}),
     ("training", {"training"}),
     ("preflight", {"preflight", "stopping"}),
     ("engines", {"engines"}),

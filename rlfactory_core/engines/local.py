@@ -111,8 +111,9 @@ class LocalRollout:
         closed), with ``task``, the model family (its chat template, the task's tool-call
         format) and, by ``train.generation_order``, the gate that lets the oldest step's turns
         go first (:mod:`rlfactory_core.rollout.priority`)."""
-        from ..rollout import ChatTemplate, TemplateFamily
+        from ..families import build_family
 
+        family = build_family(config, task, tokenizer, processor)  # a config error before the engine starts
         backend = backend_for(config, model_path)
         try:
             if hasattr(backend, "start"):  # vLLM starts its engine processes; hf needs nothing
@@ -120,7 +121,7 @@ class LocalRollout:
         except BaseException:
             await backend.close()
             raise
-        return cls(task, backend, TemplateFamily(ChatTemplate(tokenizer, processor=processor), task.parser),
+        return cls(task, backend, family,
                    OldestFirstGate() if oldest_first(config) else None)
 
     async def rollout(self, samples: Sequence[Any], rollout_config: Any, *, group_size: int,

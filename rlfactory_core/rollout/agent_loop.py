@@ -42,6 +42,7 @@ from typing import Any, AsyncIterator, Literal, Sequence
 import pydantic
 
 from ..errors import one_line
+from ..interfaces import member
 from ..plugins import notify
 from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, Trajectory
 from .backends.base import Backend, SamplingParams
@@ -89,11 +90,14 @@ class RolloutConfig(pydantic.BaseModel):
     tool_error_penalty: float = pydantic.Field(-0.1, description="per-failure turn reward for on_tool_error=penalty")
     sampling: SamplingConfig = pydantic.Field(default_factory=SamplingConfig)
 
-    def sampling_params(self, index: int = 0) -> SamplingParams:
+    def sampling_params(self, index: int = 0, stop_token_ids: Sequence[int] = ()) -> SamplingParams:
+        """The sampling of trajectory ``index``'s turns; ``stop_token_ids``: the model family's
+        ends of a turn, besides the configured ones."""
         s = self.sampling
         return SamplingParams(
             temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=self.max_tokens_per_turn,
-            stop_token_ids=tuple(s.stop_token_ids), seed=None if s.seed is None else s.seed + index,
+            stop_token_ids=tuple(dict.fromkeys([*s.stop_token_ids, *stop_token_ids])),
+            seed=None if s.seed is None else s.seed + index,
         )
 
 
@@ -154,7 +158,7 @@ async def run_trajectory(
         if len(context) >= limit:
             return _end(trajectory, "prompt_too_long", f"the prompt has {len(context)} tokens; the limit is {limit}")
         tool_names = {tool.name for tool in reset.tools}  # calls of other tools are unknown_tool
-        sampling = config.sampling_params(index)
+        sampling = config.sampling_params(index, stop_token_ids=member("family", family, "stop_token_ids"))
         for turn_index in range(config.max_turns):
             budget = limit - len(context)
             started = time.perf_counter()
@@ -169,7 +173,8 @@ async def run_trajectory(
             trajectory.metadata["generation_s"] += time.perf_counter() - started
             trajectory.segments.append(Segment("model", list(generation.token_ids), list(generation.logprobs),
                                                policy_version=getattr(generation, "policy_version", None)))
-            turn = parse_turn(family, generation.token_ids, context)
+            before = list(context)  # the ids the turn was sampled after
+            turn = parse_turn(family, generation.token_ids, before)
             context.extend(generation.token_ids)
             trajectory.messages.append(Message(role="assistant", content=family.decode(generation.token_ids)))
             # a turn stopped at max_tokens: the last one makes the trajectory cut off (training.overlong)
@@ -219,7 +224,7 @@ async def run_trajectory(
 
             try:
                 observation = [*family.tool_messages([*parse_error_results(turn), *results]), *step.observation]
-                observation_ids = family.observation_ids(generation.token_ids, observation)
+                observation_ids = family.observation_ids(generation.token_ids, before, observation)
             except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a message
                 return _end(trajectory, "env_error", f"rendering the observation failed: {one_line(exc)}")
             # Room for the observation and at least one generated token, or the episode ends

@@ -56,9 +56,17 @@ class TemplateFamily:
     """
 
     name = "template"
+    description = ("the model's own chat template (Hugging Face, append-only) with the run's tool-call format "
+                   "(`parser`)")
 
     def __init__(self, chat: ChatTemplate, parser: Any):
         self.chat, self.parser = chat, parser
+
+    @classmethod
+    def build(cls, tokenizer: Any, parser: Any, processor: Any = None, **template_kwargs: Any) -> "TemplateFamily":
+        """The family for ``tokenizer``'s chat template (``template_kwargs``: its variables,
+        e.g. ``enable_thinking``)."""
+        return cls(ChatTemplate(tokenizer, processor=processor, **template_kwargs), parser)
 
     @property
     def format(self) -> str:
@@ -81,7 +89,10 @@ class TemplateFamily:
     def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
         return list(self.parser.render_tool_results(results))
 
-    def observation_ids(self, completion_ids: Sequence[int], observation: Sequence[Message]) -> list[int]:
+    def observation_ids(self, completion_ids: Sequence[int], context_ids: Sequence[int],
+                        observation: Sequence[Message]) -> list[int]:
+        """The template's delta for ``observation`` (computed on a reference conversation,
+        so the context itself is not needed)."""
         return self.chat.observation_ids(completion_ids, observation)
 
     def decode(self, token_ids: Sequence[int]) -> str:

@@ -224,7 +224,8 @@ async def demonstration_examples(task: Any, chat: Any, samples: Sequence[Any], c
 async def collect_examples(engine: Any, task: Any, chat: Any, config: RunConfig, train_samples: Sequence[Any],
                            rollout_config: Callable[[int], Any]) -> ColdStartExamples:
     """The warm-up's examples by ``cold_start.source`` (see the module docstring), at most
-    ``cold_start.examples``, at most one per training sample."""
+    ``cold_start.examples``, at most one per training sample. ``chat`` is the template that
+    replays demonstrations; None (a family with its own tool-call format) takes none."""
     cold = config.cold_start
     started = time.perf_counter()
     samples = [train_samples[i] for i in cold_start_order(len(train_samples), config.train.seed)]
@@ -236,7 +237,7 @@ async def collect_examples(engine: Any, task: Any, chat: Any, config: RunConfig,
         out.add(trajectories, "rejection")
         covered.update(rows)
     missing = cold.examples - len(out.trajectories)
-    if cold.source in ("demonstrations", "auto") and missing > 0:
+    if cold.source in ("demonstrations", "auto") and missing > 0 and chat is not None:
         rest = [i for i in range(len(samples)) if i not in covered]
         trajectories, _, out.demonstrations_tried, out.demonstrations_failed = await demonstration_examples(
             task, chat, [samples[i] for i in rest], config, missing)

