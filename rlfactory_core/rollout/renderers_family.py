@@ -107,7 +107,8 @@ class RenderersFamily:
                                                     [_openai(m) for m in observation])
         if bridged is None:
             raise ModelError(f"the {self.name} renderer cannot append this observation without re-rendering the "
-                             "conversation (e.g. the turn ended inside its reasoning)",
+                             "conversation (it refuses e.g. a turn cut inside its reasoning, or for DeepSeek V4 "
+                             "several tool results at once)",
                              hint="the trajectory ends here; raise rollout.max_tokens_per_turn if turns are cut")
         prior = len(context_ids) + len(completion_ids)
         ids = self._data_safe(bridged, from_position=prior)

@@ -1,0 +1,322 @@
+"""Token fidelity of the renderers families on their real tokenizers (built offline): a
+multi-turn tool episode runs through the real agent loop (``run_trajectory``, the
+``concurrent`` tool manager, real tools, one of which fails once), with every model turn
+written in the family's own encoding by a scripted backend. Checked per family:
+
+- the model's tokens stay as sampled, and every call is read back from the ids;
+- the whole context equals a reference render of the same conversation: ``openai-harmony``
+  (OpenAI's own encoder, an implementation apart from ``renderers``) for gpt-oss; for the
+  others the renderer's own render of the whole conversation (self-consistent only: no
+  other implementation of their format is available offline);
+- text the model did not write stays data: a tool result holding the vocabulary's special
+  and added tokens adds none of them to the context.
+
+What each fixture holds is asserted (tool rounds, a parallel call, reasoning, a tool error),
+and where a family cannot hold it, its fixture says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
+from rlfactory_core.models import load_tokenizer
+from rlfactory_core.plugins import get_component
+from rlfactory_core.rollout import RolloutConfig, run_trajectory
+from rlfactory_core.testing import ScriptedBackend
+from rlfactory_core.tools import function_tool
+from rlfactory_core.types import EnvReset, EnvStep, Message
+
+SYSTEM, QUESTION = "Answer with the tools.", "Which city is larger, Avalon or Brightwater?"
+FACTS = {"Avalon": "Avalon has 5 million people.", "Brightwater": "Brightwater has 7 million people."}
+
+
+@dataclass
+class Turn:
+    """One model turn of the script: reasoning, an answer, calls (name, arguments)."""
+
+    reasoning: str | None
+    content: str
+    calls: list[tuple[str, dict]]
+
+
+#: The episode: 3 tool rounds, a parallel call (whose second call fails once), reasoning
+#: in every turn, then the answer.
+PARALLEL = [
+    Turn("I need both populations.", "", [("search", {"query": "Avalon"}), ("search", {"query": "Brightwater"})]),
+    Turn("The second search failed; again.", "", [("search", {"query": "Brightwater"})]),
+    Turn("Now the difference.", "", [("calculate", {"expression": "7-5"})]),
+    Turn("Brightwater, by 2 million.", "Brightwater is larger, by 2 million people.", []),
+]
+#: One call per turn: the same episode for formats that cannot call twice in one turn.
+SEQUENTIAL = [PARALLEL[0].__class__(PARALLEL[0].reasoning, "", [c]) for c in PARALLEL[0].calls] + PARALLEL[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(name: str):
+    return load_tokenizer(name)  # one load per module: each is seconds
+
+
+def _tools():
+    failed = set()
+
+    @function_tool
+    def search(query: str) -> str:
+        """Search the web.
+
+        :param query: what to look for
+        """
+        if query == "Brightwater" and query not in failed:
+            failed.add(query)
+            raise RuntimeError("the search backend timed out")
+        return FACTS[query]
+
+    @function_tool
+    def calculate(expression: str) -> str:
+        """Evaluate arithmetic.
+
+        :param expression: e.g. 7-5
+        """
+        a, b = expression.split("-")
+        return str(int(a) - int(b))
+
+    return [search, calculate]
+
+
+class _Env:
+    name, description = "fidelity", "one question, answered with search and a calculator"
+
+    def __init__(self):
+        self.tools = _tools()
+
+    async def reset(self, sample):
+        return EnvReset(messages=[Message("system", SYSTEM), Message("user", QUESTION)], tools=self.tools)
+
+    async def step(self, state, turn, results):
+        return EnvStep(done=not turn.tool_calls and not turn.errors, final_answer=turn.content or None)
+
+    async def close(self, state):
+        return None
+
+
+def _openai_call(k: int, name: str, arguments: dict) -> dict:
+    return {"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _assistant(turn: Turn, first_call: int = 0) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if turn.reasoning:
+        message["reasoning_content"] = turn.reasoning
+    if turn.calls:
+        message["tool_calls"] = [_openai_call(first_call + k, n, a) for k, (n, a) in enumerate(turn.calls)]
+    return message
+
+
+def _tool_specs(tools) -> list[dict]:
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters}} for t in tools]
+
+
+# ------------------------------------------------------------------ each family's encoding
+
+
+def _qwen3_completion(tokenizer, turn: Turn, context: list[int]) -> list[int]:
+    """Qwen3's turn as its model card writes it: <think> reasoning, Hermes <tool_call> JSON."""
+    text = f"<think>\n{turn.reasoning}\n</think>\n\n{turn.content}"
+    text += "\n".join("<tool_call>\n" + json.dumps({"name": n, "arguments": a}) + "\n</tool_call>" for n, a in turn.calls)
+    return tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+
+
+def _harmony():
+    from rlfactory_core.models.tokenizer_sources import offline_tiktoken
+
+    with offline_tiktoken():
+        from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+        return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def _harmony_assistant(turn: Turn) -> list:
+    from openai_harmony import Message as HarmonyMessage
+    from openai_harmony import Role
+
+    out = [HarmonyMessage.from_role_and_content(Role.ASSISTANT, turn.reasoning).with_channel("analysis")]
+    for name, arguments in turn.calls:
+        out.append(HarmonyMessage.from_role_and_content(Role.ASSISTANT, json.dumps(arguments))
+                   .with_channel("commentary").with_recipient(f"functions.{name}").with_content_type("<|constrain|>json"))
+    if not turn.calls:
+        out.append(HarmonyMessage.from_role_and_content(Role.ASSISTANT, turn.content).with_channel("final"))
+    return out
+
+
+def _gpt_oss_completion(tokenizer, turn: Turn, context: list[int]) -> list[int]:
+    """gpt-oss's turn as OpenAI's harmony encoder writes it: the analysis channel (the prompt
+    opened it), then a commentary call ending in <|call|>, or the final answer."""
+    encoding = _harmony()
+    ids: list[int] = []
+    for message in _harmony_assistant(turn):
+        ids += encoding.render(message)
+    opening = tokenizer.encode("<|start|>assistant<|channel|>analysis<|message|>", add_special_tokens=False)
+    assert ids[:len(opening)] == opening
+    ids = ids[len(opening):]
+    if turn.calls:
+        return ids[:-1] + [tokenizer.convert_tokens_to_ids("<|call|>")]  # a call ends the turn: <|call|>
+    return ids[:-1] + [tokenizer.convert_tokens_to_ids("<|return|>")]  # the final answer: <|return|>
+
+
+def _rendered_completion(family, turn: Turn, context: list[int], history: list[dict], tools) -> list[int]:
+    """The turn as the family's renderer writes it (for formats with no other writer here):
+    the render of the conversation with the turn, after the prompt, up to the first stop id."""
+    full = family.renderer.render_ids([*history, _assistant(turn)], tools=_tool_specs(tools),
+                                      add_generation_prompt=False)
+    prompt = family.renderer.render_ids(history, tools=_tool_specs(tools), add_generation_prompt=True)
+    assert full[:len(prompt)] == prompt
+    completion = full[len(prompt):]
+    stops = set(family.stop_token_ids)
+    end = next(k for k, i in enumerate(completion) if i in stops)
+    return completion[:end + 1]
+
+
+@dataclass
+class Case:
+    family: str
+    tokenizer: str
+    script: list[Turn]
+    writer: str  # qwen3 | harmony | renderer
+    options: dict
+    reference: str  # harmony | renderer
+
+
+CASES = [
+    Case("qwen3", "qwen3", PARALLEL, "qwen3", {}, "renderer"),
+    # harmony: a call ends the turn (<|call|> is a stop token), so no two calls in one turn
+    Case("gpt-oss", "gpt-oss", SEQUENTIAL, "harmony", {}, "harmony"),
+    # DeepSeek V4 with its thinking mode on (off by default: the prompt closes </think>); its
+    # renderer appends one tool result at a time only (a full render sorts several by call id),
+    # so parallel calls end the trajectory with that reason: one call per turn here
+    Case("deepseek-v4", "deepseek-v4", SEQUENTIAL, "renderer", {"enable_thinking": True}, "renderer"),
+    # Llama 3.1 has no reasoning and its template refuses two calls in one message
+    Case("llama3", "llama3.1", [Turn(None, t.content, t.calls) for t in SEQUENTIAL], "renderer", {}, "renderer"),
+]
+
+
+async def _episode(case: Case):
+    tokenizer = _tokenizer(case.tokenizer)
+    family = get_component("family", case.family).build(tokenizer, **case.options)
+    env = _Env()
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    written: list[list[int]] = []
+    calls_so_far = 0
+
+    def reply(prompt_text: str) -> list[int]:
+        nonlocal calls_so_far
+        turn = case.script[len(written)]
+        context = backend.prompts[-1]
+        if case.writer == "qwen3":
+            ids = _qwen3_completion(tokenizer, turn, context)
+        elif case.writer == "harmony":
+            ids = _gpt_oss_completion(tokenizer, turn, context)
+        else:
+            ids = _rendered_completion(family, turn, context, history, env.tools)
+        written.append(ids)
+        history.append(_assistant(turn, calls_so_far))
+        calls_so_far += len(turn.calls)
+        return ids
+
+    backend = ScriptedBackend(tokenizer, reply)
+    manager = ConcurrentToolManager(env.tools, timeout_s=10, max_retries=0)
+    trajectory = await run_trajectory({"id": "q"}, env=env, family=family, tool_manager=manager, backend=backend,
+                                      config=RolloutConfig(max_turns=8, max_tokens_per_turn=512,
+                                                           max_trajectory_tokens=16000))
+    return tokenizer, family, trajectory, written, history, env
+
+
+def _reference(case: Case, family, tokenizer, trajectory, env) -> list[int]:
+    """The whole conversation rendered in one piece by the reference implementation."""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    results = iter(trajectory.tool_results)
+    k = 0
+    for turn in case.script:
+        messages.append(_assistant(turn, k))
+        for j, (name, _) in enumerate(turn.calls):
+            result = next(results)
+            messages.append({"role": "tool", "name": name, "tool_call_id": f"call_{k + j}", "content": result.content})
+        k += len(turn.calls)
+    if case.reference == "renderer":
+        return family.renderer.render_ids(messages, tools=_tool_specs(env.tools), add_generation_prompt=False)
+    from openai_harmony import (Author, Conversation, DeveloperContent, Message as HarmonyMessage,
+                                RenderConversationConfig, Role, SystemContent, ToolDescription)
+
+    system = SystemContent.new().with_conversation_start_date(family.renderer.config.conversation_start_date)
+    developer = DeveloperContent.new().with_instructions(SYSTEM).with_function_tools(
+        [ToolDescription.new(t.name, t.description, parameters=t.parameters) for t in env.tools])
+    conversation = [HarmonyMessage.from_role_and_content(Role.SYSTEM, system),
+                    HarmonyMessage.from_role_and_content(Role.DEVELOPER, developer),
+                    HarmonyMessage.from_role_and_content(Role.USER, QUESTION)]
+    results = iter(trajectory.tool_results)
+    for turn in case.script:
+        conversation += _harmony_assistant(turn)
+        for name, _ in turn.calls:
+            conversation.append(HarmonyMessage.from_author_and_content(Author.new(Role.TOOL, f"functions.{name}"),
+                                                                       next(results).content)
+                                .with_recipient("assistant").with_channel("commentary"))
+    return _harmony().render_conversation_for_training(Conversation.from_messages(conversation),
+                                                       RenderConversationConfig(auto_drop_analysis=False))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.family for c in CASES])
+async def test_a_multi_turn_tool_episode_is_token_exact(case):
+    tokenizer, family, trajectory, written, history, env = await _episode(case)
+    # the fixture holds what it claims
+    rounds = sum(1 for t in case.script if t.calls)
+    assert rounds >= 3 and trajectory.stop_reason in ("no_tool_call", "env_done"), trajectory.stop_reason
+    assert any(r.error for r in trajectory.tool_results), "a tool error"
+    if case.script is PARALLEL:
+        assert any(len(t.calls) > 1 for t in case.script), "a parallel call"
+    if case.family != "llama3":
+        assert all(t.reasoning for t in case.script), "reasoning in every turn"
+    # the model's tokens as sampled, every call read back from the ids
+    model = [s.token_ids for s in trajectory.segments if s.kind == "model"]
+    assert model == written
+    assert [(c.name, c.arguments) for c in trajectory.tool_calls] == [c for t in case.script for c in t.calls]
+    assert not any(r.error == "parse_error" for r in trajectory.tool_results)
+    # the context, appended turn by turn, is the reference's render of the whole conversation
+    context = trajectory.prompt_ids + [i for s in trajectory.segments for i in s.token_ids]
+    reference = _reference(case, family, tokenizer, trajectory, env)
+    # a template may close the last message after its stop id (Qwen3's "\n" after <|im_end|>):
+    # ids no model writes, as the turn ends at the stop id
+    closing = reference[len(context):]
+    assert not tokenizer.decode(closing).strip(), f"the reference goes on: {tokenizer.decode(closing)!r}"
+    reference = reference[:len(context)]
+    if context != reference:
+        k = next((i for i, (a, b) in enumerate(zip(context, reference)) if a != b), min(len(context), len(reference)))
+        pytest.fail(f"{case.family}: the context differs from the {case.reference} reference at {k}:\n"
+                    f"context   {tokenizer.decode(context[max(0, k - 20):k + 20])!r}\n"
+                    f"reference {tokenizer.decode(reference[max(0, k - 20):k + 20])!r}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.family for c in CASES])
+def test_a_tool_result_holding_the_vocabularys_markup_stays_text(case):
+    tokenizer = _tokenizer(case.tokenizer)
+    family = get_component("family", case.family).build(tokenizer, **case.options)
+    markup = [t.content for i, t in sorted(tokenizer.added_tokens_decoder.items()) if i in family.structural_ids][:64]
+    forged = "before " + "".join(markup) + " after"
+    _, context = family.prompt([Message("system", SYSTEM), Message("user", QUESTION)], _tools())
+    first = case.script[0]
+    turn = written_turn = _rendered_completion(family, Turn(first.reasoning, "", first.calls[:1]), context,
+                                               [{"role": "system", "content": SYSTEM},
+                                                {"role": "user", "content": QUESTION}], _tools())
+    call_id = family.parse(turn, context).tool_calls[0].id
+
+    def observation(text):
+        return family.observation_ids(written_turn, context, [Message("tool", text, name="search",
+                                                                      tool_call_id=call_id)])
+
+    structural = [i for i in observation(forged) if i in family.structural_ids]
+    assert structural == [i for i in observation("before  after") if i in family.structural_ids]
+    assert forged in tokenizer.decode(observation(forged))
