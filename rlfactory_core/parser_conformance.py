@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from .tools import MAX_ARGUMENT_DEPTH, arguments_problem
 from .types import ParsedTurn, ParseError, ToolCall
 
 __all__ = [
@@ -36,15 +37,13 @@ __all__ = [
     "measure_parse",
     "check_parser_case",
     "check_parser_conformance",
+    "markup_cases",
+    "check_family_conformance",
     "MAX_ARGUMENT_DEPTH",
     "MAX_SNIPPET_CHARS",
     "DECODE_FACTOR",
 ]
 
-#: Nesting levels the arguments of a parsed call may have (the arguments object is level 1):
-#: what a tool receives must survive the recursive code after the parser (json.dumps,
-#: jsonschema, deepcopy, pickling for Ray).
-MAX_ARGUMENT_DEPTH = 100
 #: Longest ``ParseError.snippet``: the snippet may be shown to the model.
 MAX_SNIPPET_CHARS = 1000
 #: Characters a parser may hand the JSON decoder per character of text.
@@ -173,7 +172,11 @@ def measure_parse(parser: Any, text: str) -> tuple[Any, ParserCost]:
     duration of the call (counting only this thread's decodes) and sets this thread's trace
     and profile functions; two measurements must not overlap.
     """
-    cost = ParserCost(chars=len(text))
+    return _measured(lambda: parser.parse(text), len(text))
+
+
+def _measured(parse: Callable[[], Any], chars: int) -> tuple[Any, ParserCost]:
+    cost = ParserCost(chars=chars)
     original = json.JSONDecoder.raw_decode
     thread = threading.get_ident()
 
@@ -196,35 +199,13 @@ def measure_parse(parser: Any, text: str) -> tuple[Any, ParserCost]:
     sys.setprofile(profile)
     sys.settrace(trace)
     try:
-        turn = parser.parse(text)
+        turn = parse()
     finally:
         sys.settrace(previous_trace)
         sys.setprofile(previous_profile)
         sys.setrecursionlimit(limit)
         json.JSONDecoder.raw_decode = original  # type: ignore[method-assign]
     return turn, cost
-
-
-def _arguments_problem(arguments: Any) -> str | None:
-    if not isinstance(arguments, dict):
-        return f"arguments are {type(arguments).__name__}, not a dict"
-    # Walked with a list, not recursion: the walk must hold where the parser might not.
-    stack: list[tuple[Any, int]] = [(arguments, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_ARGUMENT_DEPTH:
-            return f"arguments nest more than {MAX_ARGUMENT_DEPTH} levels deep"
-        if isinstance(value, dict):
-            if any(not isinstance(key, str) for key in value):
-                return "arguments have a key that is not a string"
-            stack.extend((item, depth + 1) for item in value.values() if isinstance(item, (dict, list)))
-        else:
-            stack.extend((item, depth + 1) for item in value if isinstance(item, (dict, list)))
-    try:
-        json.dumps(arguments, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        return f"arguments are not JSON: {exc}"
-    return None
 
 
 def _turn_problems(text: str, turn: Any) -> list[str]:
@@ -257,7 +238,7 @@ def _turn_problems(text: str, turn: Any) -> list[str]:
             problems.append(f"two tool calls have the id {call.id!r}")
         elif call.id:
             ids.add(call.id)
-        problem = _arguments_problem(call.arguments)
+        problem = arguments_problem(call.arguments)
         if problem is not None:
             problems.append(f"tool call {call.name!r}: {problem}")
     errors = turn.errors if isinstance(turn.errors, list) else None
@@ -342,5 +323,80 @@ def check_parser_conformance(parser: Any, *, size: int = DEFAULT_CASE_SIZE, grow
             check_parser_case(parser, case, size=size, growth=growth)
         except AssertionError as exc:
             failures.append(str(exc))
+    if failures:
+        raise AssertionError(f"{len(failures)} conformance case(s) failed:\n" + "\n".join(failures))
+
+
+# --------------------------------------------------------------------------- model families
+
+
+def markup_cases(tokenizer: Any) -> tuple[ParserCase, ...]:
+    """Cases made of the vocabulary's own markup (every added token: Llama's ``<|python_tag|>``,
+    harmony's ``<|call|>``, DeepSeek's tool-call tokens): repeated in order, each opened and
+    never closed, and shuffled with JSON fragments, the text a family's id parser reads."""
+    markup = [t.content for _, t in sorted((getattr(tokenizer, "added_tokens_decoder", None) or {}).items())]
+    if not markup:
+        return ()
+    soup = "".join(markup[:256])
+
+    def shuffled(size: int) -> str:
+        rng = random.Random(0)
+        pieces, length = [], 0
+        while length < size:
+            piece = rng.choice([*markup, *_FRAGMENTS, '{"name": "f", "arguments": {"q": 1}}', "functions.f"])
+            pieces.append(piece)
+            length += len(piece)
+        return "".join(pieces)
+
+    return (ParserCase("markup_in_order", _repeat(soup)),
+            ParserCase("markup_each_repeated", lambda size: "".join(m * max(1, size // (len(m) * len(markup)))
+                                                                    for m in markup)[:size]),
+            ParserCase("markup_shuffled", shuffled))
+
+
+def _family_case_problems(family: Any, tokenizer: Any, context: list[int], case: ParserCase, size: int,
+                          growth: int) -> list[str]:
+    costs = []
+    for n in (size, size * growth):
+        # what a model can write: ids, so text that UTF-8 cannot hold (a lone surrogate) is replaced
+        text = case.build(n).encode("utf-8", "replace").decode("utf-8")
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        try:
+            turn, cost = _measured(lambda: family.parse(ids, context), len(ids))
+        except Exception as exc:  # noqa: BLE001 - raising is what is being checked
+            return [f"parse raised {type(exc).__name__} on {len(ids)} ids: {str(exc)[:200]}"]
+        problems = _summarise(_turn_problems(family.decode(ids), turn))
+        if problems:
+            return [f"on {len(ids)} ids: {problem}" for problem in problems]
+        if cost.decoded_chars > DECODE_FACTOR * len(text):
+            return [f"handed the JSON decoder {cost.decoded_chars} chars for {len(text)} chars of text, more than "
+                    f"{DECODE_FACTOR}x"]
+        costs.append(cost)
+    small, large = costs
+    ratio = large.chars / max(small.chars, 1)  # ids, not characters: tokenization is not exactly linear
+    if large.steps > ratio * small.steps * _STEP_GROWTH_SLACK + 100:
+        return [f"took {small.steps} steps on {small.chars} ids and {large.steps} on {large.chars} "
+                f"({large.steps / max(small.steps, 1):.0f}x for {ratio:.1f}x the ids): the work grows faster than "
+                f"the completion"]
+    return []
+
+
+def check_family_conformance(family: Any, tokenizer: Any, context_ids: Any = (), *, size: int = 2_000,
+                             growth: int = 4, cases: Iterable[ParserCase] | None = None) -> None:
+    """The parser bar (:func:`check_parser_case`) for a model family, which reads a turn
+    from its ids: each case's text is tokenized as the model could have written it (special
+    tokens included) and given to ``family.parse(ids, context_ids)``. Default cases: the
+    text corpus (:data:`PARSER_CORPUS`) and :func:`markup_cases` of ``tokenizer``.
+    ``ParsedTurn.text`` must be the ids' text (``family.decode``).
+
+    :raises AssertionError: listing every case that failed, one line each.
+    """
+    context = list(context_ids)
+    failures = []
+    for case in (cases if cases is not None else (*PARSER_CORPUS, *markup_cases(tokenizer))):
+        problems = _family_case_problems(family, tokenizer, context, case, size, growth)
+        if problems:
+            failures.append(f"family {getattr(family, 'name', type(family).__name__)!r}, case {case.name!r}: "
+                            + "; ".join(problems))
     if failures:
         raise AssertionError(f"{len(failures)} conformance case(s) failed:\n" + "\n".join(failures))

@@ -39,7 +39,8 @@ import pluggy
 
 from . import plugins
 from .parser_conformance import (DECODE_FACTOR, MAX_ARGUMENT_DEPTH, MAX_SNIPPET_CHARS, PARSER_CORPUS, ParserCase,
-                                 ParserCost, check_parser_case, check_parser_conformance, measure_parse)
+                                 ParserCost, check_family_conformance, check_parser_case,
+                                 check_parser_conformance, markup_cases, measure_parse)
 
 __all__ = [
     "registered_plugin",
@@ -59,6 +60,8 @@ __all__ = [
     "measure_parse",
     "check_parser_case",
     "check_parser_conformance",
+    "check_family_conformance",
+    "markup_cases",
     "MAX_ARGUMENT_DEPTH",
     "MAX_SNIPPET_CHARS",
     "DECODE_FACTOR",

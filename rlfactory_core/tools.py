@@ -31,6 +31,8 @@ __all__ = [
     "ToolArgumentsError",
     "TransientToolError",
     "invalid_text",
+    "arguments_problem",
+    "MAX_ARGUMENT_DEPTH",
     "valid_text",
 ]
 
@@ -83,6 +85,37 @@ def _path(node: tuple | None) -> str:
         node, label = node
         labels.append(f"[{label}]" if isinstance(label, int) else f".{label}")
     return "".join(reversed(labels)).lstrip(".")
+
+
+#: Nesting levels the arguments of a parsed call may have (the arguments object is level 1):
+#: what a tool receives must survive the recursive code after the parser (json.dumps,
+#: jsonschema, deepcopy, pickling for Ray).
+MAX_ARGUMENT_DEPTH = 100
+
+
+def arguments_problem(arguments: Any) -> str | None:
+    """Why ``arguments`` (a parsed call's) cannot go to a tool: not a dict, a key that is not
+    a string, nesting past :data:`MAX_ARGUMENT_DEPTH`, or a value JSON cannot hold (NaN,
+    infinity); None when they can. Walked with a list, not recursion: the walk holds where
+    a parser might not."""
+    if not isinstance(arguments, dict):
+        return f"arguments are {type(arguments).__name__}, not a dict"
+    stack: list[tuple[Any, int]] = [(arguments, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_ARGUMENT_DEPTH:
+            return f"arguments nest more than {MAX_ARGUMENT_DEPTH} levels deep"
+        if isinstance(value, dict):
+            if any(not isinstance(key, str) for key in value):
+                return "arguments have a key that is not a string"
+            stack.extend((item, depth + 1) for item in value.values() if isinstance(item, (dict, list)))
+        else:
+            stack.extend((item, depth + 1) for item in value if isinstance(item, (dict, list)))
+    try:
+        json.dumps(arguments, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return f"arguments are not JSON: {exc}"
+    return None
 
 
 def invalid_text(arguments: Any) -> str | None:

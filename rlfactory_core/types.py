@@ -32,14 +32,23 @@ Sample = Mapping[str, Any]
 
 @dataclass
 class ToolCall:
-    """A call the model asked for: tool ``name`` with JSON ``arguments``."""
+    """A call the model asked for: tool ``name`` with JSON ``arguments``.
+
+    ``invalid``: set by a parser when the call names its tool but its arguments cannot be
+    used (not valid JSON, not an object; ``arguments`` is then ``{}``): the tool manager
+    answers it with an ``invalid_arguments`` error without running the tool. A call whose
+    tool cannot be read at all is a ``ParseError`` instead."""
 
     name: str
     arguments: dict[str, Any]
     id: str = ""
+    invalid: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+        out = {"id": self.id, "name": self.name, "arguments": self.arguments}
+        if self.invalid is not None:
+            out["invalid"] = self.invalid
+        return out
 
 
 @dataclass

@@ -28,7 +28,7 @@ from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.plugins import get_component
 from rlfactory_core.rollout import RolloutConfig, run_trajectory
-from rlfactory_core.testing import ScriptedBackend
+from rlfactory_core.testing import ScriptedBackend, markup_cases
 from rlfactory_core.tools import function_tool
 from rlfactory_core.types import EnvReset, EnvStep, Message
 
@@ -320,3 +320,82 @@ def test_a_tool_result_holding_the_vocabularys_markup_stays_text(case):
     structural = [i for i in observation(forged) if i in family.structural_ids]
     assert structural == [i for i in observation("before  after") if i in family.structural_ids]
     assert forged in tokenizer.decode(observation(forged))
+
+
+CONFORMANCE = [("qwen3", "qwen3", {}), ("gpt-oss", "gpt-oss", {}), ("deepseek-v4", "deepseek-v4", {}),
+               ("llama3", "llama3.1", {}),
+               # V3's and R1's markup on V4's vocabulary (a look-alike: no V3 tokenizer here)
+               ("deepseek-v3", "deepseek-v4", {}), ("deepseek-r1", "deepseek-v4", {})]
+
+
+@pytest.mark.parametrize(("name", "source", "options"), CONFORMANCE, ids=[c[0] for c in CONFORMANCE])
+def test_every_family_reads_hostile_completions_without_raising_in_linear_time(name, source, options):
+    from rlfactory_core.testing import check_family_conformance
+
+    tokenizer = _tokenizer(source)
+    family = get_component("family", name).build(tokenizer, **options)
+    _, context = family.prompt([Message("system", SYSTEM), Message("user", QUESTION)], _tools())
+    check_family_conformance(family, tokenizer, context)
+
+
+def test_the_template_family_meets_the_same_bar_at_the_id_level(default_model_dir):
+    from rlfactory_core.rollout import TemplateFamily
+    from rlfactory_core.testing import check_family_conformance
+
+    tokenizer = load_tokenizer(default_model_dir)
+    family = TemplateFamily.build(tokenizer, get_component("parser", "qwen3"))
+    check_family_conformance(family, tokenizer)
+
+
+def test_the_family_bar_catches_a_raising_or_quadratic_reader():
+    from rlfactory_core.testing import check_family_conformance
+    from rlfactory_core.types import ParsedTurn
+
+    tokenizer = _tokenizer("qwen3")
+
+    class Reader:
+        name = "reader"
+
+        def decode(self, ids):
+            return tokenizer.decode(ids)
+
+    class Raising(Reader):
+        def parse(self, ids, context):
+            if len(ids) > 300:
+                raise RecursionError("deep")
+            return ParsedTurn(text=self.decode(ids), content="")
+
+    class Quadratic(Reader):
+        def parse(self, ids, context):
+            pairs = sum(1 for a in ids for b in ids if a == b)  # every id against every id
+            return ParsedTurn(text=self.decode(ids), content=str(pairs)[:1])
+
+    case = markup_cases(tokenizer)[:1]
+    with pytest.raises(AssertionError, match=r"family 'reader', case 'markup_in_order': parse raised RecursionError"):
+        check_family_conformance(Raising(), tokenizer, cases=case)
+    with pytest.raises(AssertionError, match=r"the work grows faster than the completion"):
+        check_family_conformance(Quadratic(), tokenizer, cases=case, size=400)
+
+
+BROKEN_ARGUMENTS = [
+    ("gpt-oss", "gpt-oss", 'Look.<|end|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json'
+                           '<|message|>{"query": <|call|>'),
+    ("qwen3", "qwen3", '<tool_call>\n{"name": "search", "arguments": "query=Avalon"}\n</tool_call><|im_end|>'),
+    ("deepseek-v4", "deepseek-v4", '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="search">\n<｜DSML｜parameter '
+                                   'name="query" string="false">{bad</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+                                   '</｜DSML｜tool_calls><｜end▁of▁sentence｜>'),
+]
+
+
+@pytest.mark.parametrize(("name", "source", "text"), BROKEN_ARGUMENTS, ids=[c[0] for c in BROKEN_ARGUMENTS])
+async def test_a_named_call_with_broken_arguments_is_answered_invalid_arguments(name, source, text):
+    """One rule for every format: the tool is named, so the call stays and the tool manager
+    answers invalid_arguments without running the tool (a call naming no tool: a parse error)."""
+    tokenizer = _tokenizer(source)
+    family = get_component("family", name).build(tokenizer)
+    _, context = family.prompt([Message("user", QUESTION)], _tools())
+    turn = family.parse(tokenizer.encode(text, add_special_tokens=False), context)
+    assert not turn.errors and [(c.name, c.arguments) for c in turn.tool_calls] == [("search", {})]
+    assert "cannot be used" in turn.tool_calls[0].invalid
+    [result] = await ConcurrentToolManager(_tools(), timeout_s=5).call(turn.tool_calls)
+    assert result.error == "invalid_arguments" and result.content.startswith("Error: the arguments of 'search'")

@@ -866,3 +866,24 @@ def test_importing_the_tool_layer_imports_neither_qwen_agent_nor_jsonschema():
             "print(sorted(m for m in ('qwen_agent', 'jsonschema') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+async def test_a_call_whose_arguments_the_parser_could_not_read_is_answered_invalid_arguments_unrun():
+    ran = []
+
+    def search(query: str) -> str:
+        """Search.
+
+        :param query: what to look for
+        """
+        ran.append(query)
+        return query
+
+    manager = ConcurrentToolManager([function_tool(search)], timeout_s=5)
+    [result] = await manager.call([ToolCall("search", {}, id="c1", invalid="the arguments are not valid JSON")])
+    assert (result.error, result.content, result.call_id) == ("invalid_arguments",
+                                                              "Error: the arguments are not valid JSON", "c1")
+    assert ran == []
+    # an unknown tool is still unknown_tool, whatever its arguments
+    [unknown] = await manager.call([ToolCall("nope", {}, id="c2", invalid="broken")])
+    assert unknown.error == "unknown_tool"

@@ -231,6 +231,8 @@ class ConcurrentToolManager:
             return _failure(call.name, "unknown_tool",
                             f"Error: there is no tool named {call.name!r}. Available tools: {known}.")
         self._count(f"tool_calls/{call.name}")
+        if call.invalid is not None:  # the parser could not read its arguments (ToolCall.invalid)
+            return _failure(call.name, "invalid_arguments", f"Error: {call.invalid}")
         problem = self._validate(tool, call.arguments)
         if problem is not None:
             return _failure(call.name, "invalid_arguments", f"Error: {problem}")

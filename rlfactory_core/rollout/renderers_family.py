@@ -25,6 +25,7 @@ import json
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelError, one_line
+from ..tools import arguments_problem
 from ..types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
 
 __all__ = ["RenderersFamily", "RENDERERS_FAMILIES"]
@@ -86,7 +87,11 @@ class RenderersFamily:
                              hint=f"see renderers.{self.config} for its fields") from exc
         self.tokenizer = tokenizer
         self.renderer = renderers.create_renderer(tokenizer, config)
-        self._ok = renderers.ToolCallParseStatus.OK
+        status = renderers.ToolCallParseStatus
+        # a call that names its tool is answered by the tool manager (an unknown tool, arguments
+        # that are not JSON: invalid_arguments); one that does not is a parse error
+        self._readable = frozenset({status.OK, status.UNKNOWN_TOOL, status.INVALID_JSON})
+        self._invalid_json = status.INVALID_JSON
         self.stop_token_ids: tuple[int, ...] = tuple(self.renderer.get_stop_token_ids())
         added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         unknown = getattr(tokenizer, "unk_token_id", None)
@@ -153,24 +158,45 @@ class RenderersFamily:
     # ------------------------------------------------------------------ reading turns
 
     def parse(self, completion_ids: Sequence[int], context_ids: Sequence[int]) -> ParsedTurn:
-        parsed = self.renderer.parse_response(list(completion_ids), prompt_ids=list(context_ids))
+        """The renderer's reading of the turn's ids, guarded: a failure of the renderer's
+        parser (deep JSON exhausting the stack, a bug) is one parse error, never an exception;
+        a call whose tool is named but whose arguments a tool cannot take (broken JSON, not an
+        object, NaN, nested past ``MAX_ARGUMENT_DEPTH``) is kept with ``ToolCall.invalid`` set,
+        which the tool manager answers with an ``invalid_arguments`` error: the rule of every
+        format."""
+        text = self.decode(completion_ids)
+        try:
+            parsed = self.renderer.parse_response(list(completion_ids), prompt_ids=list(context_ids))
+        except (Exception, RecursionError) as exc:  # noqa: BLE001 - model output must never raise
+            return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(
+                f"the {self.name} parser could not read this turn ({type(exc).__name__}); write the tool calls "
+                f"in the {self.name} format", text[:200])])
         calls, errors = [], []
         for k, call in enumerate(parsed.tool_calls):
-            if call.status == self._ok and call.name:
-                arguments = call.arguments
-                if isinstance(arguments, str):
-                    try:
-                        arguments = json.loads(arguments)
-                    except ValueError:
-                        arguments = None
-                if isinstance(arguments, dict):
-                    calls.append(ToolCall(call.name, arguments, call.id or f"call_{k}"))
-                    continue
-                errors.append(ParseError(f"the arguments of {call.name!r} are not a JSON object", call.raw[:200]))
-            else:
-                errors.append(ParseError(f"malformed tool call ({call.status})", call.raw[:200]))
-        return ParsedTurn(text=self.decode(completion_ids), content=parsed.content.strip(),
-                          reasoning=parsed.reasoning_content, tool_calls=calls, errors=errors)
+            raw = str(call.raw or "")[:200]
+            named = isinstance(call.name, str) and bool(call.name)
+            if not named or call.status not in self._readable:  # no tool to answer: the model is shown why
+                errors.append(ParseError(f"malformed tool call ({getattr(call.status, 'value', call.status)}); write "
+                                         f"it in the {self.name} format", raw))
+                continue
+            arguments = None if call.status == self._invalid_json else call.arguments
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except (ValueError, RecursionError):
+                    arguments = None
+            problem = arguments_problem(arguments) if arguments is not None else "arguments are not valid JSON"
+            call_id = call.id if isinstance(call.id, str) and call.id else f"call_{k}"
+            if any(c.id == call_id for c in calls):
+                call_id = f"call_{k}"
+            if problem is not None:  # the tool is known: the tool manager answers invalid_arguments
+                calls.append(ToolCall(call.name, {}, call_id, invalid=f"the arguments of {call.name!r} cannot be "
+                                                                      f"used: {problem}; write them as one JSON object"))
+                continue
+            calls.append(ToolCall(call.name, arguments, call_id))
+        reasoning = parsed.reasoning_content if isinstance(parsed.reasoning_content, str) else None
+        return ParsedTurn(text=text, content=str(parsed.content or "").strip(), reasoning=reasoning,
+                          tool_calls=calls, errors=errors)
 
     def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
         return [Message(role="tool", content=r.content, name=r.name, tool_call_id=r.call_id or None) for r in results]

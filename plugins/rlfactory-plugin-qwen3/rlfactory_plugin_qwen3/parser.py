@@ -400,13 +400,16 @@ class _Reader:
                 try:
                     arguments = _decode(arguments)
                 except (ValueError, RecursionError) as exc:
-                    self._error(f'the "arguments" of tool call {n} ({name}) are a string that is not '
-                                f"valid JSON ({_json_error(exc)}); write the arguments as a JSON object",
-                                *snippet)
+                    # the tool is known: the call stays, and the tool manager answers
+                    # invalid_arguments (ToolCall.invalid), the rule of every format
+                    self.calls.append(ToolCall(name=name, arguments={}, invalid=(
+                        f'the "arguments" of tool call {n} ({name}) are a string that is not valid JSON '
+                        f"({_json_error(exc)}); write the arguments as a JSON object")))
                     return
             if not isinstance(arguments, dict):
-                self._error(f'the "arguments" of tool call {n} ({name}) must be a JSON object, '
-                            f"got {_json_type(arguments)}; {_FORMAT_HINT}", *snippet)
+                self.calls.append(ToolCall(name=name, arguments={}, invalid=(
+                    f'the "arguments" of tool call {n} ({name}) must be a JSON object, got '
+                    f"{_json_type(arguments)}; {_FORMAT_HINT}")))
                 return
         self.calls.append(ToolCall(name=name, arguments=arguments))
 

@@ -269,18 +269,17 @@ def test_malformed_body_is_an_error(body, expected):
     [("[1, 2]", "an array"), ("42", "a number"), ("null", "null"), ("true", "a boolean"),
      ('"[1, 2]"', "an array"), ('"7"', "a number")],
 )
-def test_non_object_arguments_are_an_error(arguments, got):
+def test_non_object_arguments_make_an_invalid_call(arguments, got):
+    # the tool is named: the call stays, marked invalid (the tool manager answers invalid_arguments)
     turn = parser.parse(f'<tool_call>\n{{"name": "f", "arguments": {arguments}}}\n</tool_call>')
-    assert turn.tool_calls == []
-    assert len(turn.errors) == 1
-    assert turn.errors[0].message == f'the "arguments" of tool call 1 (f) must be a JSON object, got {got}; {HINT}'
+    assert not turn.errors and [(c.name, c.arguments) for c in turn.tool_calls] == [("f", {})]
+    assert turn.tool_calls[0].invalid == f'the "arguments" of tool call 1 (f) must be a JSON object, got {got}; {HINT}'
 
 
-def test_string_arguments_that_are_not_json_are_an_error():
+def test_string_arguments_that_are_not_json_make_an_invalid_call():
     turn = parser.parse('<tool_call>\n{"name": "f", "arguments": "city=Paris"}\n</tool_call>')
-    assert turn.tool_calls == []
-    assert len(turn.errors) == 1
-    message = turn.errors[0].message
+    assert not turn.errors and [(c.name, c.arguments) for c in turn.tool_calls] == [("f", {})]
+    message = turn.tool_calls[0].invalid
     assert message.startswith('the "arguments" of tool call 1 (f) are a string that is not valid JSON')
     assert "write the arguments as a JSON object" in message
 
@@ -359,8 +358,12 @@ def test_json_nested_deeper_than_the_limit_is_refused_before_decoding(as_string)
     assert len(parser.parse(call(deepest)).tool_calls) == 1
     for depth in (deepest + 1, 600):
         turn = parser.parse(call(depth))
-        assert turn.tool_calls == []
-        assert [f"nested more than {MAX_JSON_DEPTH} levels deep" in e.message for e in turn.errors] == [True]
+        if as_string:  # the call object decodes, so the tool is known: an invalid call (invalid_arguments)
+            assert not turn.errors and [c.arguments for c in turn.tool_calls] == [{}]
+            assert f"nested more than {MAX_JSON_DEPTH} levels deep" in turn.tool_calls[0].invalid
+        else:  # the call object itself is too deep: no tool can be read
+            assert turn.tool_calls == []
+            assert [f"nested more than {MAX_JSON_DEPTH} levels deep" in e.message for e in turn.errors] == [True]
 
 
 @pytest.mark.parametrize("unit", [
