@@ -80,7 +80,9 @@ def rlfactory_register_parsers(register: Callable[..., None]) -> None:
         ``render_system_prompt(system_prompt, tools) -> str``,
         ``parse(text) -> ParsedTurn`` (must never raise on model text, and must take time
         linear in its length: ``rlfactory_core.testing.check_parser_conformance`` checks
-        both on an adversarial corpus) and
+        both on an adversarial corpus; a call that names its tool but whose arguments cannot
+        be used is returned with ``ToolCall.invalid`` set, which the tool manager answers
+        with an ``invalid_arguments`` error, and one that names no tool is a ``ParseError``) and
         ``render_tool_results(results) -> list[Message]``
         (``rlfactory_core.ResponseParser``). Raises ``RegistrationError`` or
         ``DuplicateComponentError`` as for tools.

@@ -143,6 +143,15 @@ def _read_call(node: ast.AST) -> ToolCall:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise _NotACall(f"this is not a tool call; {_FORMAT_HINT}")
     name = node.func.id
+    try:
+        return ToolCall(name=name, arguments=_read_arguments(name, node))
+    except _NotACall as exc:
+        # the tool is named: the call stays, and the tool manager answers invalid_arguments
+        # without running it (ToolCall.invalid), the rule of every format
+        return ToolCall(name=name, arguments={}, invalid=str(exc))
+
+
+def _read_arguments(name: str, node: ast.Call) -> dict[str, Any]:
     if node.args:
         raise _NotACall(f"{name}: name every argument, e.g. {name}(element=3), not by position")
     arguments: dict[str, Any] = {}
@@ -152,7 +161,7 @@ def _read_call(node: ast.AST) -> ToolCall:
         if keyword.arg in arguments:
             raise _NotACall(f"{name}: the argument {keyword.arg} is given twice")
         arguments[keyword.arg] = _json_value(keyword.value, f"{name}({keyword.arg}=...)")
-    return ToolCall(name=name, arguments=arguments)
+    return arguments
 
 
 def _read_line(line: str) -> list[ToolCall]:
@@ -207,7 +216,8 @@ class PythonicParser:
                 errors.append(ParseError(str(exc), stripped[:_SNIPPET_CHARS]))
                 continue
             for call in found:
-                calls.append(ToolCall(name=call.name, arguments=call.arguments, id=f"call_{len(calls)}"))
+                calls.append(ToolCall(name=call.name, arguments=call.arguments, id=f"call_{len(calls)}",
+                                      invalid=call.invalid))
         return ParsedTurn(text=text, content="\n".join(content).strip(),
                           reasoning="\n".join(thoughts) if thoughts else None, tool_calls=calls, errors=errors)
 

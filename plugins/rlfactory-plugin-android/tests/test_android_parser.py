@@ -41,7 +41,6 @@ def test_values_are_literals_kept_as_json():
 @pytest.mark.parametrize("text, message", [
     ("tap(4)", "tap: name every argument, e.g. tap(element=3), not by position"),
     ("tap(element=x)", "the value must be a literal"),
-    ("tap(element=", "the call is not well-formed; write name(argument=value)"),
     ("tap(element=1e999)", "inf is not a finite number"),
     ("tap(element=-1e999)", "inf is not a finite number"),
     ("f(a={1: 2})", "dict keys must be strings"),
@@ -50,10 +49,22 @@ def test_values_are_literals_kept_as_json():
     ("tap(element=1, element=2)", "tap: the argument element is given twice"),
     ("f(a=b'x')", "the value must be a literal"),
     ("f(a=g(1))", "the value must be a literal"),
+    ("f(a=" + "1+" * 1500 + "1)", "the value must be a literal"),
+])
+def test_a_named_call_with_unusable_arguments_is_kept_invalid(text, message):
+    """The tool is named: the call stays, marked invalid, and the tool manager answers
+    invalid_arguments without running it (the rule of every format)."""
+    turn = parser.parse(f"Let me.\n{text}")
+    assert not turn.errors and turn.content == "Let me."
+    [call] = turn.tool_calls
+    assert call.arguments == {} and message in call.invalid, call
+
+
+@pytest.mark.parametrize("text, message", [
+    ("tap(element=", "the call is not well-formed; write name(argument=value)"),
     ("tap(element=3) + 1", "this is not a tool call"),
     ("[tap(element=3), a.b.c(x=1)]", "this is not a tool call"),  # a tool's name is a plain name
     ("f(a=" + "-" * 3000 + "1)", "the call is not well-formed"),  # the compiler's own nesting limit
-    ("f(a=" + "1+" * 1500 + "1)", "the value must be a literal"),
     ("f(a=" + "[" * (MAX_CALL_DEPTH + 1) + "]" * (MAX_CALL_DEPTH + 1) + ")", "nests brackets more than"),
     ("f(a=\"" + "y" * MAX_CALL_CHARS + "\")", "longer than"),
 ])

@@ -224,7 +224,6 @@ def test_parser_reads_content_calls_and_errors():
         "{",
         "{not json",
         '{"tool": 3}',
-        '{"tool": "x", "arguments": [1]}',
         '{"tool": "x", "arguments": ' + "[" * 100_000,  # deep nesting: RecursionError inside json
         '{"tool": "x", "arguments": ' + "[" * 100_000 + "]" * 100_000 + "}",
     ],
@@ -233,6 +232,13 @@ def test_parser_never_raises(text):
     parser = get_component("parser", "{{ slug }}")
     turn = parser.parse(text)
     assert turn.text == text and turn.tool_calls == []
+
+
+def test_a_named_call_with_unusable_arguments_is_kept_invalid():
+    # the tool manager answers it with an invalid_arguments error, without running the tool
+    turn = get_component("parser", "{{ slug }}").parse('{"tool": "x", "arguments": [1]}')
+    assert not turn.errors and [(c.name, c.arguments) for c in turn.tool_calls] == [("x", {})]
+    assert "must be a JSON object" in turn.tool_calls[0].invalid
 
 
 def test_parser_round_trips_what_its_prompt_asks_for():

@@ -86,5 +86,7 @@ def _read_call(line: str) -> tuple[ToolCall | None, str]:
         return None, 'a tool call needs a "tool" key with the tool\'s name'
     arguments = obj.get("arguments", {})
     if not isinstance(arguments, dict):
-        return None, f'the "arguments" of {name!r} must be a JSON object'
+        # the tool is named: keep the call, marked invalid; the tool manager answers it with an
+        # invalid_arguments error without running the tool (the rule of every format)
+        return ToolCall(name=name, arguments={}, invalid=f'the "arguments" of {name!r} must be a JSON object'), ""
     return ToolCall(name=name, arguments=arguments), ""
