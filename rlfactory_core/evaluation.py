@@ -18,6 +18,7 @@ from .config import RunConfig
 from .data import load_samples
 from .engines.base import rollout_config_for
 from .engines.local import LocalRollout
+from .families import with_recorded_family
 from .task import build_task
 
 __all__ = ["evaluate", "run_eval", "accuracy_by_kind", "tool_metrics", "eval_summary"]
@@ -43,6 +44,8 @@ async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | No
 
     # a run's newest checkpoint, a checkpoint, an embedded name (prepared), a directory or a hub id
     path = resolve_eval_model(model)
+    # a checkpoint is evaluated with the family it was trained with (rlfactory_core.families)
+    config = with_recorded_family(config, Path(path).parent if (Path(path).parent / "state.json").is_file() else None)
     task = build_task(config)
     try:
         # The whole split unless a size is given: `rlf eval` reports on the split, not on the
@@ -60,7 +63,7 @@ async def _evaluate(config: RunConfig, model: str, *, split: str, size: int | No
     finally:
         await generation.close()
     report = {"model": str(path), "env": config.env, "split": split, "samples": len(samples),
-              "metrics": metrics}
+              "family": getattr(generation.family, "name", None), "metrics": metrics}
     if report_dir is not None:
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "report.json").write_text(json.dumps(report, indent=2))

@@ -22,7 +22,10 @@ format gets the ``template`` family under ``auto`` (the run says why) and an err
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .config import RunConfig
@@ -30,7 +33,8 @@ from .errors import ConfigError, ModelError, RLFactoryError, one_line
 from .interfaces import accepts, member
 from .plugins import components, get_component
 
-__all__ = ["FamilyChoice", "choose_family", "build_family", "anchor_problems"]
+__all__ = ["FamilyChoice", "choose_family", "build_family", "anchor_problems", "tokenizer_sha256", "recorded",
+           "with_recorded_family"]
 
 TEMPLATE = "template"
 
@@ -139,3 +143,50 @@ def build_family(config: RunConfig, task: Any, tokenizer: Any, processor: Any = 
     except TypeError as exc:
         raise ConfigError([f"model.family_options: the {choice.name} family does not take {sorted(given)}: "
                            f"{one_line(exc)}"]) from exc
+
+
+# --------------------------------------------------------------------------- what a checkpoint records
+
+
+def tokenizer_sha256(tokenizer: Any) -> str:
+    """A fingerprint of what the tokenizer does (its serialized pipeline for a fast tokenizer,
+    else its vocabulary and added tokens), apart from how its files are laid out."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = json.dumps([sorted(tokenizer.get_vocab().items()),
+                           sorted((i, str(t)) for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items())])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def recorded(checkpoint: Path | None) -> dict[str, Any]:
+    """The family and tokenizer fingerprint a checkpoint recorded (``family``,
+    ``tokenizer_sha256``); empty for a checkpoint from before they were recorded."""
+    if checkpoint is None:
+        return {}
+    try:
+        state = json.loads((Path(checkpoint) / "state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: state[k] for k in ("family", "tokenizer_sha256") if isinstance(state.get(k), str)}
+
+
+def with_recorded_family(config: RunConfig, checkpoint: Path | None, tokenizer: Any = None) -> RunConfig:
+    """``config`` with the family ``checkpoint`` was trained with, so a resumed run and ``rlf
+    eval`` render as training did; a ``model.family`` that names another one, or a tokenizer
+    that is not the checkpoint's (when given), is a :class:`ConfigError`."""
+    found = recorded(checkpoint)
+    problems = []
+    if tokenizer is not None and found.get("tokenizer_sha256") not in (None, tokenizer_sha256(tokenizer)):
+        problems.append(f"model.name: the tokenizer is not the one checkpoint {checkpoint} was trained with (its "
+                        f"fingerprint differs); resume with the model the run started from")
+    family = found.get("family")
+    if family is not None and config.model.family not in ("auto", family):
+        problems.append(f"model.family: {config.model.family!r}, but checkpoint {checkpoint} was trained with the "
+                        f"{family!r} family; set model.family={family} (or auto)")
+    if problems:
+        raise ConfigError(problems)
+    if family is None or config.model.family == family:
+        return config
+    return config.model_copy(update={"model": config.model.model_copy(update={"family": family})})

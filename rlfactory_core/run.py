@@ -33,7 +33,7 @@ from .data import load_samples
 from .engines import build_driver_task, make_engine
 from .errors import ConfigError, Interrupted, one_line
 from .evaluation import run_eval
-from .families import TEMPLATE, choose_family
+from .families import TEMPLATE, choose_family, tokenizer_sha256, with_recorded_family
 from .logs import LOG_FILE, log_to
 from .metrics import LiveView, MetricsLogger, read_metrics
 from .models import check_images, load_tokenizer, resolve_model
@@ -106,6 +106,11 @@ class Run:
             self.trained_ahead.remove(self.position)
             self.position += 1
 
+    @functools.cached_property
+    def tokenizer_fingerprint(self) -> str:
+        """:func:`~rlfactory_core.families.tokenizer_sha256` of the run's tokenizer, once."""
+        return tokenizer_sha256(self.tokenizer)
+
     @property
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -115,6 +120,8 @@ class Run:
         the checkpoint and the metrics line would otherwise lose them (a resumed run appends
         them). A second Ctrl-C while it is written lets it finish, then stops."""
         state: dict[str, Any] = {"position": self.position}
+        if self.family is not None:  # --resume and rlf eval render with the family it trained with
+            state.update(family=self.family.name, tokenizer_sha256=self.tokenizer_fingerprint)
         if self.trained_ahead:
             state["trained_ahead"] = sorted(self.trained_ahead)
         if record is not None:
@@ -161,6 +168,7 @@ async def prepare(config: RunConfig, *, resume: Path | None) -> Prepared:
         base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
         tokenizer = load_tokenizer(base_path)
         processor = check_images(config, task.env, base_path)
+        config = with_recorded_family(config, checkpoint, tokenizer)  # a resumed run renders as it trained
         family = choose_family(config, tokenizer, processor)
         if family.name != TEMPLATE and config.cold_start.source == "demonstrations":
             raise ConfigError([f"cold_start.source: demonstrations are written in a text tool-call format (the "

@@ -12,11 +12,13 @@ import pytest
 
 from rlfactory_core.config import load_config
 from rlfactory_core.errors import ConfigError, ModelError
-from rlfactory_core.families import build_family, choose_family
+from rlfactory_core.evaluation import evaluate
+from rlfactory_core.families import build_family, choose_family, tokenizer_sha256, with_recorded_family
 from rlfactory_core.hookspecs import hookimpl
 from rlfactory_core.models import load_tokenizer, prepare_tokenizer
 from rlfactory_core.plugins import components
 from rlfactory_core.rollout import TemplateFamily
+from rlfactory_core.training.checkpoint import latest_checkpoint
 from rlfactory_core.testing import ScriptedBackend, build_tiny_model, registered_plugin, scripted_backend, train
 
 BUILT_IN = {"template", "qwen3", "llama3", "gpt-oss", "deepseek-v3", "deepseek-r1", "deepseek-v4", "glm45"}
@@ -146,7 +148,8 @@ def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path)
     config = load_config([], ["backend=hf", f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2",
                               "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=6",
                               "rollout.max_tokens_per_turn=64", "logging.live=off", f"run_dir={run_dir}",
-                              "env_options={few_shot: false, questions_per_episode: 2}", "cold_start.source=off"])
+                              "env_options={few_shot: false, questions_per_episode: 2}", "cold_start.source=off",
+                              "checkpoint.every=1"])
     with scripted_backend(backend):
         train(config, console=console)
     assert "model family qwen3 (auto: the tokenizer has its anchor tokens)" in console.export_text()
@@ -160,3 +163,30 @@ def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path)
     # every model token is the backend's, as sampled
     sampled = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
     assert tokenizer.decode(sampled).count("<tool_call>") == 2
+
+    # the checkpoint records the family and the tokenizer: a resume or an eval renders the same
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert state["family"] == "qwen3" and state["tokenizer_sha256"] == tokenizer_sha256(tokenizer)
+    with pytest.raises(ConfigError, match=r"model.family: 'llama3', but checkpoint .*step-000001 was trained with the "
+                                          r"'qwen3' family; set model.family=qwen3 \(or auto\)"):
+        train(load_config([run_dir / "config.yaml"], ["train.steps=2", "model.family=llama3"]), resume=run_dir)
+    with scripted_backend(ScriptedBackend(tokenizer, _arithmetic_in_qwen3)):
+        report = evaluate(config, str(run_dir), size=2)
+    assert report["family"] == "qwen3" and report["metrics"]["eval/reward/accuracy"] == 1.0
+
+
+def test_a_checkpoints_family_and_tokenizer_are_kept(tmp_path, default_model_dir):
+    checkpoint = tmp_path / "step-000003"
+    checkpoint.mkdir()
+    tokenizer = load_tokenizer(default_model_dir)
+    (checkpoint / "state.json").write_text(json.dumps({"step": 3, "family": "chatml-test",
+                                                       "tokenizer_sha256": tokenizer_sha256(tokenizer)}))
+    assert with_recorded_family(_config(), checkpoint, tokenizer).model.family == "chatml-test"  # auto: the recorded
+    assert with_recorded_family(_config("model.family=chatml-test"), checkpoint, tokenizer).model.family == "chatml-test"
+    with pytest.raises(ConfigError, match=r"model.family: 'template', but checkpoint"):
+        with_recorded_family(_config("model.family=template"), checkpoint, tokenizer)
+    with pytest.raises(ConfigError, match=r"model.name: the tokenizer is not the one checkpoint .* was trained with"):
+        with_recorded_family(_config(), checkpoint, load_tokenizer("qwen3"))
+    # a checkpoint from before families were recorded: the config decides
+    (checkpoint / "state.json").write_text(json.dumps({"step": 3}))
+    assert with_recorded_family(_config("model.family=template"), checkpoint, tokenizer).model.family == "template"
