@@ -298,6 +298,8 @@ MEMBERS: tuple[Member, ...] = (
     Member("family", "observation_ids", "method", "observation_ids(completion_ids, context_ids, observation) -> "
            "list[int]", True, "the ids appended after a model turn: the observation and the next turn's opening"),
     Member("family", "decode", "method", "decode(token_ids) -> str", True, "the text of ids the model wrote"),
+    Member("family", "self_check", "method", "self_check() -> report with `ok: bool` and `describe() -> str`", False,
+           "a token-exactness check on a sample tool round, run by `rlf doctor --model`", default=None),
     Member("family", "stop_token_ids", "attribute", "stop_token_ids: Sequence[int]", False,
            "the ids that end a model turn besides the model's EOS (gpt-oss's <|call|>); a turn keeps its last id",
            default=()),

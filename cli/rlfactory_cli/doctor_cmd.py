@@ -206,12 +206,53 @@ def _chat_template(model: Optional[str]) -> Check:
         from rlfactory_core.models import load_tokenizer
         from rlfactory_core.rollout.render import ChatTemplate, self_check
 
-        report = self_check(ChatTemplate(load_tokenizer(model)))
+        tokenizer = load_tokenizer(model)
+        if not getattr(tokenizer, "chat_template", None):
+            return Check("chat-template", "missing", False, None,
+                         f"{model}: no chat template (a family of its own renders it: model-family)")
+        report = self_check(ChatTemplate(tokenizer))
     except RLFactoryError as exc:
         return Check("chat-template", "broken", False, None, f"{model}: {exc.message}")
     except Exception as exc:  # noqa: BLE001 - a diagnostic reports, it does not crash
         return Check("chat-template", "broken", False, None, f"{model}: {one_line(exc, limit=200)}")
     return Check("chat-template", "ok" if report.ok else "broken", False, None, f"{model}: {report.describe()}")
+
+
+def _model_family(model: Optional[str]) -> Check:
+    """The family ``rlf train`` would render ``model`` with (``model.family: auto``) and,
+    for a family other than ``template`` (whose check is ``chat-template``), its own
+    token-exactness check."""
+    from types import SimpleNamespace
+
+    from rlfactory_core.config import RunConfig
+    from rlfactory_core.errors import RLFactoryError
+    from rlfactory_core.families import build_family, choose_family
+    from rlfactory_core.interfaces import member
+    from rlfactory_core.models import DEFAULT_MODEL, is_prepared, load_tokenizer
+    from rlfactory_core.plugins import get_component
+
+    if model is None:
+        if not is_prepared(DEFAULT_MODEL):
+            return Check("model-family", "missing", False, None,
+                         f"checked once {DEFAULT_MODEL} is prepared (or name one with --model)")
+        model = DEFAULT_MODEL
+    try:
+        config = RunConfig()
+        tokenizer = load_tokenizer(model)
+        choice = choose_family(config, tokenizer)
+        if choice.name == "template":
+            return Check("model-family", "ok", False, None, f"{model}: {choice.describe()}; checked by chat-template")
+        family = build_family(config, SimpleNamespace(parser=get_component("parser", config.parser)), tokenizer)
+        check = member("family", family, "self_check")
+        if check is None:
+            return Check("model-family", "ok", False, None, f"{model}: {choice.describe()}; the family has no check")
+        report = check()
+    except RLFactoryError as exc:
+        return Check("model-family", "broken", False, None, f"{model}: {exc.message}")
+    except Exception as exc:  # noqa: BLE001 - a diagnostic reports, it does not crash
+        return Check("model-family", "broken", False, None, f"{model}: {one_line(exc, limit=200)}")
+    return Check("model-family", "ok" if report.ok else "broken", False, None,
+                 f"{model}: {choice.describe()}: {report.describe()}")
 
 
 def run_checks(model: Optional[str] = None) -> list[Check]:
@@ -224,14 +265,15 @@ def run_checks(model: Optional[str] = None) -> list[Check]:
         *(_imported_in_process(name, name, name, True) for name in ("transformers", "pluggy", "typer")),
     ]
     checks += _finish_optional_imports(started)
-    checks += [_embedded_package(), _default_model(), _chat_template(model)]
+    checks += [_embedded_package(), _default_model(), _model_family(model), _chat_template(model)]
     return checks
 
 
 def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one object per check) instead of a table.")] = False,
     model: Annotated[Optional[str], typer.Option(
-        "--model", help="Check this model's chat template for token-exact trajectories (default: the embedded model).",
+        "--model", help="Check this model's family and chat template for token-exact trajectories (default: the "
+                        "embedded model); also an offline tokenizer's name (qwen3, llama3.1, gpt-oss ...).",
     )] = None,
 ) -> None:
     """Check the installation: Python, torch/CUDA, transformers, vLLM, Ray, the default model,

@@ -95,5 +95,11 @@ class TemplateFamily:
         so the context itself is not needed)."""
         return self.chat.observation_ids(completion_ids, observation)
 
+    def self_check(self) -> Any:
+        """The chat template's token-exactness check (:func:`~rlfactory_core.rollout.render.self_check`)."""
+        from .render import self_check
+
+        return self_check(self.chat)
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.chat.decode(token_ids)

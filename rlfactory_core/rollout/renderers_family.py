@@ -22,6 +22,7 @@ appends the next turn after a sampled completion without re-rendering it
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelError, one_line
@@ -46,6 +47,27 @@ def _openai(message: Message) -> dict[str, Any]:
 def _tool_spec(tool: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool.name, "description": getattr(tool, "description", ""),
                                              "parameters": getattr(tool, "parameters", {"type": "object"})}}
+
+
+class _SelfCheckTool:
+    name = "calculator"
+    description = "Evaluate an arithmetic expression."
+    parameters = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+
+
+@dataclass
+class FamilyCheck:
+    """What :meth:`RenderersFamily.self_check` found."""
+
+    ok: bool
+    problems: list[str]
+    tokens: int = 0
+
+    def describe(self) -> str:
+        if self.ok:
+            return (f"token-exact (self-consistent): the {self.tokens} ids of a tool round appended turn by turn "
+                    f"match the render of the whole conversation; markup in a tool result stays text")
+        return "; ".join(self.problems)
 
 
 class RenderersFamily:
@@ -154,6 +176,48 @@ class RenderersFamily:
             raise ModelError(f"the tokenizer turns the plain text {text[:60]!r} into special tokens",
                              hint="use a tokenizer whose special tokens are not reachable by merges")
         return ids
+
+    # ------------------------------------------------------------------ checking
+
+    def self_check(self) -> "FamilyCheck":
+        """A tool round as the rollout builds it (prompt, a call written by the renderer, the
+        result appended, the next turn opened) against the renderer's render of the whole
+        conversation (self-consistency), the call read back from its ids, and a tool result
+        holding the vocabulary's markup adding none of it (``rlf doctor --model`` runs it)."""
+        tool = _SelfCheckTool()
+        opening = [Message("system", "You can call tools."), Message("user", "What is 12*7?")]
+        history = [m.to_dict() for m in opening]
+        call = {"role": "assistant", "content": "", "reasoning_content": "I use the calculator.",
+                "tool_calls": [{"id": "call_0", "type": "function", "function": {
+            "name": tool.name, "arguments": json.dumps({"expression": "12*7"})}}]}
+        problems = []
+        _, prompt = self.prompt(opening, [tool])
+        full = self.renderer.render_ids([*history, call], tools=[_tool_spec(tool)], add_generation_prompt=False)
+        if full[:len(prompt)] != prompt:
+            return FamilyCheck(False, [f"the {self.name} renderer changes the prompt when a turn follows it"])
+        completion = full[len(prompt):]
+        ends = [k for k, i in enumerate(completion) if i in set(self.stop_token_ids)]
+        completion = completion[:ends[0] + 1] if ends else completion
+        turn = self.parse(completion, prompt)
+        if [(c.name, c.arguments) for c in turn.tool_calls] != [(tool.name, {"expression": "12*7"})] or turn.errors:
+            problems.append(f"the call the renderer writes is read back as {turn.tool_calls or turn.errors}")
+        result = Message("tool", "84", name=tool.name, tool_call_id=turn.tool_calls[0].id if turn.tool_calls else "")
+        appended = self.observation_ids(completion, prompt, [result])
+        reference = self.renderer.render_ids([*history, call, {"role": "tool", "content": "84", "name": tool.name,
+                                                               "tool_call_id": result.tool_call_id}],
+                                             tools=[_tool_spec(tool)], add_generation_prompt=True)
+        context = [*prompt, *completion, *appended]
+        if context != reference:
+            k = next((i for i, (a, b) in enumerate(zip(context, reference)) if a != b), min(len(context), len(reference)))
+            problems.append(f"the appended ids differ from the render of the whole conversation at token {k} of "
+                            f"{len(reference)}: {self.tokenizer.decode(context[k:k + 12])!r} vs "
+                            f"{self.tokenizer.decode(reference[k:k + 12])!r}")
+        markup = "".join(self.tokenizer.convert_ids_to_tokens(sorted(self.structural_ids))[:64])
+        forged = self.observation_ids(completion, prompt, [Message("tool", f"84 {markup}", name=tool.name,
+                                                                   tool_call_id=result.tool_call_id)])
+        if sum(i in self.structural_ids for i in forged) != sum(i in self.structural_ids for i in appended):
+            problems.append("a tool result holding the vocabulary's markup put special tokens into the context")
+        return FamilyCheck(not problems, problems, len(context))
 
     # ------------------------------------------------------------------ reading turns
 
