@@ -52,6 +52,7 @@ __all__ = [
     "scripted_backend",
     "HookCallRecorder",
     "build_tiny_model",
+    "TINY_ARCHITECTURES",
     "build_tiny_vision_model",
     "VISION_CHAT_TEMPLATE",
     "ParserCase",
@@ -333,26 +334,48 @@ class HookCallRecorder:
         return sorted(set(declared) - self.called)
 
 
-def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_size: int = 32) -> Any:
-    """Save a tiny, random Llama (3 layers of ``hidden_size`` in 2 heads; vLLM's CPU
+#: the architectures :func:`build_tiny_model` builds: the model families' decoders
+TINY_ARCHITECTURES = ("llama", "qwen3", "gpt_oss")
+
+
+def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_size: int = 32,
+                     architecture: str = "llama") -> Any:
+    """Save a tiny, random decoder (3 layers of ``hidden_size`` in 2 heads; vLLM's CPU
     attention needs heads of 32 or more: ``hidden_size=64``) with the tokenizer of ``tokenizer_source``
-    (a model directory; the default model's in the tests: its real chat template and ids)
-    to ``dest``, for tests of a run's mechanics (training, resuming, an env's tools and
-    servers) in seconds. Random weights: it never makes a tool call and answers nothing
-    right. Returns ``dest`` as a ``Path``."""
+    (a model directory or an offline tokenizer's name; the default model's in the tests: its
+    real chat template and ids) to ``dest``, for tests of a run's mechanics (training,
+    resuming, an env's tools and servers) in seconds. ``architecture``: one of
+    :data:`TINY_ARCHITECTURES` (Llama; Qwen3, with its q/k norms; gpt-oss, with its
+    sliding-window and full layers, attention sinks and 4 experts, 2 per token). Random
+    weights: it never makes a tool call and answers nothing right. Returns ``dest`` as a ``Path``."""
     from pathlib import Path
 
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen3Config
 
+    from .models import load_tokenizer
+
+    if architecture not in TINY_ARCHITECTURES:
+        raise ValueError(f"architecture {architecture!r}: build_tiny_model builds {', '.join(TINY_ARCHITECTURES)}")
     dest = Path(dest)
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
+    tokenizer = load_tokenizer(tokenizer_source)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=3,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    LlamaForCausalLM(config).save_pretrained(dest)
+    common = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+                  tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    if architecture == "qwen3":
+        config = Qwen3Config(**common, head_dim=hidden_size // 2)
+    elif architecture == "gpt_oss":
+        # a window of 16 tokens, so a test's turns cross it; gpt-oss's own alternation (and
+        # its own context length: its YaRN scaling is set for it)
+        del common["max_position_embeddings"]
+        config = GptOssConfig(**common, head_dim=hidden_size // 2, num_local_experts=4, num_experts_per_tok=2,
+                              sliding_window=16, layer_types=["sliding_attention", "full_attention",
+                                                              "sliding_attention"])
+    else:
+        config = LlamaConfig(**common)
+    AutoModelForCausalLM.from_config(config).float().save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     return dest
 

@@ -4,6 +4,7 @@ they contradict the tokenizer or the run's tool-call format, and trained end to 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from types import SimpleNamespace
@@ -19,7 +20,8 @@ from rlfactory_core.models import load_tokenizer, prepare_tokenizer
 from rlfactory_core.plugins import components
 from rlfactory_core.rollout import TemplateFamily
 from rlfactory_core.training.checkpoint import latest_checkpoint
-from rlfactory_core.testing import ScriptedBackend, build_tiny_model, registered_plugin, scripted_backend, train
+from rlfactory_core.testing import (TINY_ARCHITECTURES, ScriptedBackend, build_tiny_model, registered_plugin,
+                                    scripted_backend, train)
 
 BUILT_IN = {"template", "qwen3", "llama3", "gpt-oss", "deepseek-v3", "deepseek-r1", "deepseek-v4", "glm45"}
 NO_TASK = SimpleNamespace(parser=None)
@@ -141,7 +143,7 @@ def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path)
 
     from rlfactory_core.records import MODEL, RunRecords
 
-    model = build_tiny_model(tmp_path / "tiny-qwen3-vocab", prepare_tokenizer("qwen3"))
+    model = build_tiny_model(tmp_path / "tiny-qwen3", "qwen3", architecture="qwen3")
     backend = ScriptedBackend(load_tokenizer(model), _arithmetic_in_qwen3)
     console = Console(record=True, width=200, file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
     run_dir = tmp_path / "run"
@@ -190,3 +192,78 @@ def test_a_checkpoints_family_and_tokenizer_are_kept(tmp_path, default_model_dir
     # a checkpoint from before families were recorded: the config decides
     (checkpoint / "state.json").write_text(json.dumps({"step": 3}))
     assert with_recorded_family(_config("model.family=template"), checkpoint, tokenizer).model.family == "template"
+
+
+@pytest.mark.parametrize("architecture", TINY_ARCHITECTURES)
+async def test_the_hf_backend_decodes_each_familys_architecture_as_generate_does(tmp_path, default_model_dir,
+                                                                               architecture):
+    """Greedy decoding of a tiny random model of each architecture, several requests of
+    different lengths batched (left-padded caches merged as rows join), equals
+    ``model.generate`` one prompt at a time: gpt-oss's sliding-window layers (a window of 16)
+    and attention sinks included."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlfactory_core.rollout import SamplingParams
+    from rlfactory_core.rollout.backends.hf import HFBackend
+
+    model_dir = build_tiny_model(tmp_path / architecture, default_model_dir, hidden_size=64, architecture=architecture)
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).float()
+    prompts = [tokenizer.encode(text, add_special_tokens=False) for text in
+               ("a longer prompt, of more tokens than the sliding window holds, to decode after", "short", "mid size one")]
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                               pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    backend = HFBackend(str(model_dir))
+    try:
+        generations = await asyncio.gather(*[backend.generate(p, SamplingParams(temperature=0.0, max_tokens=24))
+                                             for p in prompts])
+    finally:
+        await backend.close()
+    for generation, want in zip(generations, expected):
+        assert generation.token_ids == want[:len(generation.token_ids)] and generation.token_ids
+
+
+def _arithmetic_in_harmony(tokenizer):
+    """What gpt-oss would write in the arithmetic env, in harmony: reason in the analysis
+    channel (the prompt opened it), call the calculator on the commentary channel (the turn
+    ends at <|call|>), answer on the final channel (<|return|>)."""
+    def reply(text: str) -> list[int]:
+        tail = text[text.rfind("What is"):]  # special tokens left out: "...to=assistant5assistantanalysis"
+        if "to=assistant" in tail:
+            result = re.match(r"-?\d+", tail.rsplit("to=assistant", 1)[1]).group(0)
+            written = (f"The calculator says {result}.<|end|><|start|>assistant<|channel|>final<|message|>"
+                       f"The answer is {result}.<|return|>")
+        else:
+            a, op, b = re.match(r"What is (\d+)([-+*])(\d+)\?", tail).groups()
+            call = json.dumps({"expression": f"{a}{op}{b}"})
+            written = (f"I use the calculator.<|end|><|start|>assistant<|channel|>commentary to=functions.calculator "
+                       f"<|constrain|>json<|message|>{call}<|call|>")
+        return tokenizer.encode(written, add_special_tokens=False)
+    return reply
+
+
+def test_rlf_train_and_eval_with_gpt_oss_harmony_on_its_architecture(tmp_path):
+    from rlfactory_core.records import MODEL, RunRecords
+
+    model = build_tiny_model(tmp_path / "tiny-gpt-oss", "gpt-oss", architecture="gpt_oss")
+    tokenizer = load_tokenizer(model)
+    run_dir = tmp_path / "run"
+    # one question: a message after gpt-oss's final answer is not prefix-stable in harmony (its
+    # history drops the analysis), which needs several sequences per trajectory (not built yet)
+    config = load_config([], ["backend=hf", f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2",
+                              "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=6",
+                              "rollout.max_tokens_per_turn=64", "logging.live=off", f"run_dir={run_dir}",
+                              "env_options={few_shot: false, questions_per_episode: 1}", "cold_start.source=off",
+                              "checkpoint.every=1"])
+    with scripted_backend(ScriptedBackend(tokenizer, _arithmetic_in_harmony(tokenizer))):
+        train(config)
+        report = evaluate(config, str(run_dir), size=2)
+    one = RunRecords(run_dir).trajectory("train", 1, 0)
+    [sequence] = one["sequences"]
+    text = tokenizer.decode(sequence["token_ids"])
+    assert text.count("to=functions.calculator") == 1 and text.count("<|channel|>final<|message|>") == 1
+    assert one["reward"] == pytest.approx(1.0) and one["num_turns"] == 2
+    sampled = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
+    assert tokenizer.decode(sampled).count("<|call|>") == 1 and tokenizer.decode(sampled).endswith("<|return|>")
+    assert report["family"] == "gpt-oss" and report["metrics"]["eval/reward/accuracy"] == 1.0

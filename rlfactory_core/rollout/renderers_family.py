@@ -134,8 +134,9 @@ class RenderersFamily:
                                                     [_openai(m) for m in observation])
         if bridged is None:
             raise ModelError(f"the {self.name} renderer cannot append this observation without re-rendering the "
-                             "conversation (it refuses e.g. a turn cut inside its reasoning, or for DeepSeek V4 "
-                             "several tool results at once)",
+                             "conversation: its format rewrites earlier turns here (e.g. a turn cut inside its "
+                             "reasoning, DeepSeek V4's several tool results at once, a message after gpt-oss's final "
+                             "answer), which would need several training sequences per trajectory, not built yet",
                              hint="the trajectory ends here; raise rollout.max_tokens_per_turn if turns are cut")
         prior = len(context_ids) + len(completion_ids)
         ids = self._data_safe(bridged, from_position=prior)
