@@ -640,3 +640,25 @@ def test_a_run_joins_the_cluster_at_ray_address_and_a_dead_address_is_refused_at
     message, hint = out["refused"]
     assert message.startswith(f"cannot join the Ray cluster at {dead}: nothing answers at {dead}"), message
     assert "ray start --head" in hint  # fast: a hang in ray.init would hit the subprocess timeout
+
+
+def test_a_family_other_than_the_template_trains_on_ray(ray_cluster, tmp_path):
+    """The rollout workers build the run's family (auto: qwen3, from a Qwen3 tokenizer) in
+    their own processes; the trainer ranks' checkpoint records it."""
+    from rlfactory_core.families import tokenizer_sha256
+    from rlfactory_core.models import load_tokenizer
+    from rlfactory_core.records import RunRecords
+    from rlfactory_core.testing import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny-qwen3", "qwen3", architecture="qwen3")
+    run_dir = tmp_path / "run"
+    train(tiny_config(model, "train.steps=1", "data.eval_size=2", "eval.every=0", "checkpoint.every=1",
+                      "env_options={few_shot: false}", "cold_start.source=off", f"run_dir={run_dir}"))
+    tokenizer = load_tokenizer(model)
+    recorded = RunRecords(run_dir)
+    for row in recorded.list("train", 1):
+        [sequence] = recorded.trajectory("train", 1, row["index"])["sequences"]
+        text = tokenizer.decode(sequence["token_ids"])
+        assert text.startswith("<|im_start|>system\n") and "<tools>" in text  # the qwen3 family's prompt
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert state["family"] == "qwen3" and state["tokenizer_sha256"] == tokenizer_sha256(tokenizer)
