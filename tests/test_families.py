@@ -16,7 +16,7 @@ from rlfactory_core.errors import ConfigError, ModelError
 from rlfactory_core.evaluation import evaluate
 from rlfactory_core.families import build_family, choose_family, tokenizer_sha256, with_recorded_family
 from rlfactory_core.hookspecs import hookimpl
-from rlfactory_core.models import load_tokenizer, prepare_tokenizer
+from rlfactory_core.models import load_tokenizer
 from rlfactory_core.plugins import components
 from rlfactory_core.rollout import TemplateFamily
 from rlfactory_core.training.checkpoint import latest_checkpoint
@@ -126,6 +126,16 @@ def test_a_plugin_family_is_detected_and_two_matching_families_are_an_error(defa
         assert choose_family(_config("model.family=chatml-other"), tokenizer).name == "chatml-other"
 
 
+def _one_step(model, run_dir, questions: int):
+    """One training step of the arithmetic env (``questions`` per episode, no examples in the
+    prompt: a family writes calls its own way) on the hf backend, checkpointed."""
+    return load_config([], ["backend=hf", f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2",
+                            "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=6",
+                            "rollout.max_tokens_per_turn=64", "logging.live=off", f"run_dir={run_dir}",
+                            f"env_options={{few_shot: false, questions_per_episode: {questions}}}",
+                            "cold_start.source=off", "checkpoint.every=1"])
+
+
 def _arithmetic_in_qwen3(text: str) -> str:
     """What a Qwen3 model would write in the arithmetic env: reason, call the calculator in
     its own format, answer once the result is shown."""
@@ -147,11 +157,7 @@ def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path)
     backend = ScriptedBackend(load_tokenizer(model), _arithmetic_in_qwen3)
     console = Console(record=True, width=200, file=open(tmp_path / "console.txt", "w"))  # noqa: SIM115
     run_dir = tmp_path / "run"
-    config = load_config([], ["backend=hf", f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2",
-                              "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=6",
-                              "rollout.max_tokens_per_turn=64", "logging.live=off", f"run_dir={run_dir}",
-                              "env_options={few_shot: false, questions_per_episode: 2}", "cold_start.source=off",
-                              "checkpoint.every=1"])
+    config = _one_step(model, run_dir, questions=2)
     with scripted_backend(backend):
         train(config, console=console)
     assert "model family qwen3 (auto: the tokenizer has its anchor tokens)" in console.export_text()
@@ -251,11 +257,7 @@ def test_rlf_train_and_eval_with_gpt_oss_harmony_on_its_architecture(tmp_path):
     run_dir = tmp_path / "run"
     # one question: a message after gpt-oss's final answer is not prefix-stable in harmony (its
     # history drops the analysis), which needs several sequences per trajectory (not built yet)
-    config = load_config([], ["backend=hf", f"model.name={model}", "train.steps=1", "grpo.prompts_per_step=2",
-                              "grpo.group_size=2", "data.eval_size=2", "eval.every=0", "rollout.max_turns=6",
-                              "rollout.max_tokens_per_turn=64", "logging.live=off", f"run_dir={run_dir}",
-                              "env_options={few_shot: false, questions_per_episode: 1}", "cold_start.source=off",
-                              "checkpoint.every=1"])
+    config = _one_step(model, run_dir, questions=1)
     with scripted_backend(ScriptedBackend(tokenizer, _arithmetic_in_harmony(tokenizer))):
         train(config)
         report = evaluate(config, str(run_dir), size=2)
