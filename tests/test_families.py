@@ -83,6 +83,16 @@ def test_the_runs_tool_format_decides_between_a_family_and_the_template(default_
         choose_family(_config("parser=search_r1"), tokenizer)
 
 
+def test_a_template_variable_the_chat_template_never_reads_is_an_error(default_model_dir):
+    tokenizer = load_tokenizer(default_model_dir)
+    parser = SimpleNamespace(parser=components("parser")["qwen3"].obj)
+    with pytest.raises(ModelError, match=r"model.family_options: the model's chat template never reads \['thinking'\]"):
+        build_family(_config("model.family_options={thinking: false}"), parser, tokenizer)
+    tokenizer.chat_template = "{% if enable_thinking %}x{% endif %}" + tokenizer.chat_template
+    family = build_family(_config("model.family_options={enable_thinking: false}"), parser, tokenizer)
+    assert family.chat.template_kwargs == {"enable_thinking": False}
+
+
 def test_family_options_reach_the_renderer_and_wrong_ones_are_named():
     tokenizer = load_tokenizer("qwen3")
     family = build_family(_config("model.family=qwen3", "model.family_options={enable_thinking: false}"), NO_TASK,

@@ -12,10 +12,11 @@ results as messages. The format is a recipe's choice, apart from the model.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..errors import one_line
+from ..errors import ModelError, one_line
 from ..types import Message, ParsedTurn, ParseError, ToolResult
 from .render import ChatTemplate
 
@@ -65,8 +66,15 @@ class TemplateFamily:
     @classmethod
     def build(cls, tokenizer: Any, parser: Any, processor: Any = None, **template_kwargs: Any) -> "TemplateFamily":
         """The family for ``tokenizer``'s chat template (``template_kwargs``: its variables,
-        e.g. ``enable_thinking``)."""
-        return cls(ChatTemplate(tokenizer, processor=processor, **template_kwargs), parser)
+        e.g. ``enable_thinking``; one the template never reads is an error, not ignored)."""
+        chat = ChatTemplate(tokenizer, processor=processor, **template_kwargs)
+        source = chat.tokenizer.chat_template
+        source = source if isinstance(source, str) else " ".join(map(str, (source or {}).values()))
+        unread = sorted(k for k in template_kwargs if not re.search(rf"\b{re.escape(k)}\b", source))
+        if unread:
+            raise ModelError(f"model.family_options: the model's chat template never reads {unread}",
+                             hint="give only variables its template uses (e.g. enable_thinking for Qwen3's)")
+        return cls(chat, parser)
 
     @property
     def format(self) -> str:
