@@ -335,7 +335,7 @@ class HookCallRecorder:
 
 
 #: the architectures :func:`build_tiny_model` builds: the model families' decoders
-TINY_ARCHITECTURES = ("llama", "qwen3", "gpt_oss")
+TINY_ARCHITECTURES = ("llama", "qwen3", "gpt_oss", "deepseek_v3")
 
 
 def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_size: int = 32,
@@ -346,12 +346,13 @@ def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_
     real chat template and ids) to ``dest``, for tests of a run's mechanics (training,
     resuming, an env's tools and servers) in seconds. ``architecture``: one of
     :data:`TINY_ARCHITECTURES` (Llama; Qwen3, with its q/k norms; gpt-oss, with its
-    sliding-window and full layers, attention sinks and 4 experts, 2 per token). Random
+    sliding-window and full layers, attention sinks and 4 experts, 2 per token; DeepSeek V3,
+    with multi-head latent attention, a dense layer, then 4 routed experts). Random
     weights: it never makes a tool call and answers nothing right. Returns ``dest`` as a ``Path``."""
     from pathlib import Path
 
     import torch
-    from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen3Config
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, GptOssConfig, LlamaConfig, Qwen3Config
 
     from .models import load_tokenizer
 
@@ -373,6 +374,12 @@ def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_
         config = GptOssConfig(**common, head_dim=hidden_size // 2, num_local_experts=4, num_experts_per_tok=2,
                               sliding_window=16, layer_types=["sliding_attention", "full_attention",
                                                               "sliding_attention"])
+    elif architecture == "deepseek_v3":
+        # latent attention has no grouped keys: as many key/value heads as heads (as DeepSeek's own configs)
+        config = DeepseekV3Config(**{**common, "num_key_value_heads": 2}, n_routed_experts=4, num_experts_per_tok=2,
+                                  n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1,
+                                  q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                                  v_head_dim=hidden_size // 2)
     else:
         config = LlamaConfig(**common)
     AutoModelForCausalLM.from_config(config).float().save_pretrained(dest)
