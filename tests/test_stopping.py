@@ -210,7 +210,8 @@ def test_ctrl_c_drops_the_step_in_flight_saves_the_last_one_and_resume_redoes_it
     expected = batch_indices(len(train_ids), 4, seed=saved["train"]["seed"], position=0)
     assert records[1]["samples"] + records[2]["samples"] == [train_ids[i] for i in expected]
     saved = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
-    assert {k: v for k, v in saved.items() if k != "metrics"} == {"step": 2, "position": 4, "policy_version": 2}
+    assert {k: v for k, v in saved.items() if k not in ("metrics", "tokenizer_sha256")} == {
+        "step": 2, "position": 4, "policy_version": 2, "family": "template"}
     assert saved["metrics"]["samples"]  # the step's metrics travel with its checkpoint
 
 
@@ -355,7 +356,8 @@ def test_a_second_ctrl_c_during_a_save_lets_the_checkpoint_finish(tmp_path, tiny
     assert stopped.value.message.startswith("without saving: the newest checkpoint is step 1"), stopped.value.message
     assert latest_checkpoint(run_dir).name == "step-000001"
     saved = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
-    assert {k: v for k, v in saved.items() if k != "metrics"} == {"step": 1, "position": 2, "policy_version": 1}
+    assert {k: v for k, v in saved.items() if k not in ("metrics", "tokenizer_sha256")} == {
+        "step": 1, "position": 2, "policy_version": 1, "family": "template"}
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step-000001"]  # no leftovers
 
 
