@@ -21,6 +21,7 @@ appends the next turn after a sampled completion without re-rendering it
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -119,7 +120,11 @@ class RenderersFamily:
         unknown = getattr(tokenizer, "unk_token_id", None)
         #: every added token is structural: no message body may put one into the ids
         self.structural_ids = frozenset(int(i) for i in added if int(i) != unknown)
-        self._plain = _plain_encoder(tokenizer)
+
+    @functools.cached_property
+    def _plain(self) -> Any:
+        # built when a message body first holds markup (seconds for a large vocabulary)
+        return _plain_encoder(self.tokenizer)
 
     # ------------------------------------------------------------------ rendering
 
