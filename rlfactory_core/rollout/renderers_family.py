@@ -202,8 +202,9 @@ class RenderersFamily:
         if full[:len(prompt)] != prompt:
             return FamilyCheck(False, [f"the {self.name} renderer changes the prompt when a turn follows it"])
         completion = full[len(prompt):]
-        ends = [k for k, i in enumerate(completion) if i in set(self.stop_token_ids)]
-        completion = completion[:ends[0] + 1] if ends else completion
+        stops = set(self.stop_token_ids)
+        end = next((k for k, i in enumerate(completion) if i in stops), None)
+        completion = completion if end is None else completion[:end + 1]
         turn = self.parse(completion, prompt)
         if [(c.name, c.arguments) for c in turn.tool_calls] != [(tool.name, {"expression": "12*7"})] or turn.errors:
             problems.append(f"the call the renderer writes is read back as {turn.tool_calls or turn.errors}")
