@@ -145,8 +145,9 @@ def rlfactory_register_model_families(register: Callable[..., None]) -> None:
         image processor) and with the methods of ``rlfactory_core.ModelFamily``:
         ``prompt(messages, tools)``, ``parse(completion_ids, context_ids)`` (never raises on
         model output), ``tool_messages(results)``, ``observation_ids(completion_ids,
-        context_ids, observation)`` (append-only: the ids the model wrote stay as written)
-        and ``decode(ids)``. Optional ``anchors`` (token -> id the tokenizer must have) and
+        context_ids, observation)`` (append-only: the ids the model wrote stay as written;
+        None where the format rewrites earlier turns, and the trajectory goes on in a new
+        sequence rendered by ``prompt`` from the whole conversation) and ``decode(ids)``. Optional ``anchors`` (token -> id the tokenizer must have) and
         ``detected`` (``model.family: auto`` picks the family when its anchors hold). Raises
         ``RegistrationError`` or ``DuplicateComponentError`` as for tools.
     :return: nothing; the return value is ignored.

@@ -83,13 +83,17 @@ class ModelFamily(Protocol):
 
     Text the model did not write (messages, tool results) reaches the ids as data: never as
     the family's special tokens. Ids are appended, never re-rendered: the model's sampled
-    tokens stay as sampled."""
+    tokens stay as sampled. Where the format itself rewrites earlier turns, the family says
+    so (``observation_ids`` returns None) and the rollout starts a new sequence of the
+    trajectory from ``prompt`` of the whole conversation (:class:`~rlfactory_core.types.Trajectory`)."""
 
     name: str
 
     def prompt(self, messages: Sequence[Message], tools: Sequence[Tool]) -> tuple[list[Message], list[int]]:
         """The opening messages as the model sees them (``tools`` described where the family
-        describes them) and their ids, ending with the generation prompt."""
+        describes them) and their ids, ending with the generation prompt. Also the prompt of
+        a later sequence: then ``messages`` is the conversation so far, its assistant
+        messages as parsed (``content``, ``reasoning``, ``tool_calls``)."""
 
     def parse(self, completion_ids: Sequence[int], context_ids: Sequence[int]) -> ParsedTurn:
         """Read one model turn from its sampled ids (``context_ids``: every id before them).
@@ -99,10 +103,11 @@ class ModelFamily(Protocol):
         """The messages that show the model the results of its calls."""
 
     def observation_ids(self, completion_ids: Sequence[int], context_ids: Sequence[int],
-                        observation: Sequence[Message]) -> list[int]:
+                        observation: Sequence[Message]) -> list[int] | None:
         """The ids to append after the model turn ``completion_ids`` (``context_ids``: every
         id before it) so that the context shows ``observation`` and opens the next model turn
-        (the model wrote none of them)."""
+        (the model wrote none of them); None where the format renders the conversation so
+        far differently from the ids sampled (the rollout then starts a new sequence)."""
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """The text of ids the model wrote, for records and messages."""
@@ -296,7 +301,8 @@ MEMBERS: tuple[Member, ...] = (
     Member("family", "tool_messages", "method", "tool_messages(results) -> list[Message]", True,
            "the messages that show the model the results of its calls"),
     Member("family", "observation_ids", "method", "observation_ids(completion_ids, context_ids, observation) -> "
-           "list[int]", True, "the ids appended after a model turn: the observation and the next turn's opening"),
+           "list[int] | None", True, "the ids appended after a model turn: the observation and the next turn's "
+           "opening; None where the format rewrites earlier turns here (a new sequence starts from `prompt`)"),
     Member("family", "decode", "method", "decode(token_ids) -> str", True, "the text of ids the model wrote"),
     Member("family", "self_check", "method", "self_check() -> report with `ok: bool` and `describe() -> str`", False,
            "a token-exactness check on a sample tool round, run by `rlf doctor --model`", default=None),

@@ -30,8 +30,8 @@ one row per trajectory:
 - ``messages``: the conversation (``role``, ``content``, ``name``, ``tool_call_id``,
   ``tool_calls`` as JSON, ``turn``: -1 for the prompt's messages, few-shot turns included); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
   ``id``, ``turn``, ``result``, ``error`` (its kind), ``latency_s``;
-- ``sequences``: the token sequences the trajectory is made of (one today; templates that drop
-  past reasoning and agents that rewrite their history make several), each with per-token
+- ``sequences``: the token sequences the trajectory is made of (one, unless its model family
+  rewrote earlier turns: :class:`~rlfactory_core.types.Trajectory`), each with per-token
   arrays ``token_ids``, ``pieces`` (each token decoded alone: a character split over tokens
   shows as U+FFFD), ``segment`` (0 prompt, 1 model, 2 observation), ``turn`` (the model turn
   the token belongs to or follows; -1 for the prompt), ``loss_mask``, ``sampler_logprob``,
@@ -111,40 +111,50 @@ def scalar_schema() -> Any:
 
 def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, scored: Any,
                        row_samples: Sequence[Any], tokenizer: Any,
-                       rows: Iterable[int] | None = None, advantages: Any = None, token_advantages: Any = None,
+                       rows: Iterable[int] | None = None, batch_rows: Sequence[Sequence[int]] | None = None,
+                       advantages: Any = None, token_advantages: Any = None,
                        trainer_logprobs: Any = None) -> list[dict[str, Any]]:
     """The records of ``trajectories[rows]`` (all by default), scored by ``scored`` (a
     :class:`~rlfactory_core.rewards.ScoredBatch` of all of them). ``row_samples``: each
     trajectory's sample (None where unknown), for its expected answer. For training rows, the
-    batch's ``advantages`` ``[B]`` and ``token_advantages`` / ``trainer_logprobs`` ``[B, L]``
-    (the batch's rows are the trajectories'). Each model token's ``policy_version`` is its
-    segment's (:class:`~rlfactory_core.types.Segment`: the version the backend sampled it with)."""
+    batch's ``advantages`` ``[B]`` and ``token_advantages`` / ``trainer_logprobs`` ``[B, L]``,
+    and ``batch_rows``: each trajectory's rows in the batch, one per sequence
+    (:func:`rlfactory_core.training.batch.trajectory_rows`; default: row ``i`` is trajectory
+    ``i``). Each model token's ``policy_version`` is its segment's
+    (:class:`~rlfactory_core.types.Segment`: the version the backend sampled it with)."""
     pieces = _PieceCache(tokenizer)
     records = []
     for index, row in enumerate(range(len(trajectories)) if rows is None else rows):
         trajectory, sample = trajectories[row], row_samples[row]
         expected = sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None
-        sequence = _sequence(trajectory, pieces,
-                             None if token_advantages is None else token_advantages[row].tolist(),
-                             None if trainer_logprobs is None else trainer_logprobs[row].tolist())
+        parts = getattr(trajectory, "sequences", None) or [trajectory]
+        in_batch = [row] if batch_rows is None else list(batch_rows[row])
+        sequences, first_turn = [], 0
+        for part, batch_row in zip(parts, in_batch if len(in_batch) == len(parts) else [None] * len(parts)):
+            sequences.append(_sequence(
+                part, pieces, first_turn,
+                None if token_advantages is None or batch_row is None else token_advantages[batch_row].tolist(),
+                None if trainer_logprobs is None or batch_row is None else trainer_logprobs[batch_row].tolist()))
+            first_turn += sum(s.kind == "model" for s in part.segments)
+        versions = [v for sequence in sequences for v in sequence["policy_version"] if v >= 0]
         error = trajectory.metadata.get("error")
         records.append({
             "step": step, "kind": kind, "index": index, "sample_id": str(trajectory.sample_id),
             "group": -1 if kind != "train" or trajectory.group is None else int(trajectory.group),
-            "policy_version": min((v for v in sequence["policy_version"] if v >= 0), default=-1),
+            "policy_version": min(versions, default=-1),
             "reward": float(scored.totals[row]),
             "rewards": {str(k): float(v) for k, v in scored.components[row].items()},
             "reward_errors": list(scored.reward_errors[row]), "correct": scored.correct[row],
             "turn_rewards": [float(r) for r in trajectory.turn_rewards],
-            "advantage": None if advantages is None else float(advantages[row]),
+            "advantage": None if advantages is None else float(advantages[in_batch[0]]),
             "stop_reason": trajectory.stop_reason,
             "outcome": "error" if trajectory.stop_reason in ("env_error", "generation_error") else "ok",
             "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
-            "num_turns": trajectory.num_turns, "num_tokens": len(sequence["token_ids"]),
+            "num_turns": trajectory.num_turns, "num_tokens": sum(len(q["token_ids"]) for q in sequences),
             "tool_error_kinds": sorted(trajectory.metadata.get("tool_errors", {})),
             "messages": _messages(trajectory), "tool_calls": _calls(trajectory),
-            "sequences": [sequence],
+            "sequences": sequences,
             "metadata": json.dumps({k: v for k, v in trajectory.metadata.items()}, ensure_ascii=False, default=str),
         })
     return records
@@ -186,13 +196,15 @@ class _PieceCache:
         return [self.known[i] for i in ids]
 
 
-def _sequence(trajectory: Any, pieces: _PieceCache, token_advantages: list[float] | None,
+def _sequence(sequence: Any, pieces: _PieceCache, first_turn: int, token_advantages: list[float] | None,
               trainer_logprobs: list[float] | None) -> dict[str, list[Any]]:
-    ids = list(trajectory.prompt_ids)
+    """One sequence's per-token arrays; its model turns are numbered from ``first_turn`` (the
+    trajectory's turns in earlier sequences)."""
+    ids = list(sequence.prompt_ids)
     segment, turn = [PROMPT] * len(ids), [-1] * len(ids)
     mask, sampler, versions = [0] * len(ids), [None] * len(ids), [-1] * len(ids)
-    model_turn = -1
-    for part in trajectory.segments:
+    model_turn = first_turn - 1
+    for part in sequence.segments:
         n = len(part.token_ids)
         ids.extend(part.token_ids)
         model = part.kind == "model"
@@ -220,7 +232,7 @@ def _messages(trajectory: Any) -> list[dict[str, Any]]:
     """The conversation, each message with its model turn: -1 for the prompt's (few-shot
     examples included), k for turn k's model message and the observation after it."""
     turns: list[int] = []
-    for part in trajectory.segments:
+    for part in getattr(trajectory, "all_segments", None) or trajectory.segments:
         turn = (turns[-1] if turns else -1) + (part.kind == "model")
         turns += [turn] * part.num_messages
     turns = [-1] * max(0, len(trajectory.messages) - len(turns)) + turns

@@ -29,7 +29,7 @@ from .rollout import rollout_metrics
 from .run import Run
 from .stopping import PhaseDropped
 from .training.assembly import BatchAssembler, group_filters
-from .training.batch import build_batch
+from .training.batch import build_batch, trajectory_rows
 from .families import TEMPLATE
 from .training.cold_start import collect_examples, example_batch
 from .training.overlong import overlong_metrics, with_overlong_penalty
@@ -141,14 +141,15 @@ async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
     # the first groups are recorded token by token; the update leaves their logprobs before it
     # in the batch (rlfactory_core.records)
     marks = [t.group < config.logging.record_train_groups for t in trajectories]
-    recorded = [row for row, mark in enumerate(marks) if mark]
+    recorded = [row for row, mark in enumerate(marks) if mark]  # trajectories
     if recorded:
-        batch["recorded"] = batch["lengths"].new_tensor(marks).bool()
+        batch["recorded"] = batch["lengths"].new_tensor([marks[i] for i in batch["trajectory"].tolist()]).bool()
     staleness = _staleness_metrics(batch)
     stats = {**await run.engine.update(batch, step), **staleness}
     if recorded:
         _record_train_rows(run, step, rollout, batch, recorded)
-    update = StepUpdate(stats, batch["sequence_advantages"], float(batch["attention_mask"].sum()))
+    first_rows = [rows[0] for rows in trajectory_rows(batch)]
+    update = StepUpdate(stats, batch["sequence_advantages"][first_rows], float(batch["attention_mask"].sum()))
     del batch
     run.mark_trained(rollout.positions)  # every prompt rolled out for the step, kept or not
     run.stop.updated()
@@ -203,8 +204,8 @@ def _record_train_rows(run: Run, step: int, rollout: StepRollout, batch: Any, ro
     write_records(run.run_dir, "train", step, trajectory_records(
         trajectories, step=step, kind="train", scored=rollout.assembled.scored, tokenizer=run.tokenizer,
         row_samples=[by_id.get(str(t.sample_id)) for t in trajectories], rows=rows,
-        advantages=batch["sequence_advantages"], token_advantages=batch["advantages"],
-        trainer_logprobs=batch.get("trainer_logprobs", None)))
+        batch_rows=trajectory_rows(batch), advantages=batch["sequence_advantages"],
+        token_advantages=batch["advantages"], trainer_logprobs=batch.get("trainer_logprobs", None)))
 
 
 def _staleness_metrics(batch: Any) -> dict[str, float]:

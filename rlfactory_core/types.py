@@ -17,6 +17,7 @@ __all__ = [
     "ParsedTurn",
     "Sample",
     "Segment",
+    "TokenSequence",
     "Trajectory",
     "RewardOutput",
     "EnvReset",
@@ -68,6 +69,9 @@ class Message:
     tool_call_id: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     images: list[Any] = field(default_factory=list)
+    #: an assistant message's reasoning (``<think>`` text, harmony's analysis), apart from
+    #: its content: set where a family re-renders a conversation from parsed turns
+    reasoning: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         content: Any = self.content
@@ -78,6 +82,8 @@ class Message:
             out["name"] = self.name
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.reasoning is not None:
+            out["reasoning_content"] = self.reasoning  # the key chat templates and renderers read
         if self.tool_calls:
             # The OpenAI / HF chat-template shape: {"type": "function", "function": {...}}.
             out["tool_calls"] = [
@@ -158,10 +164,25 @@ class Segment:
 
 
 @dataclass
+class TokenSequence:
+    """One token sequence of a trajectory: ``prompt_ids`` followed by its ``segments``."""
+
+    prompt_ids: list[int]
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass
 class Trajectory:
     """One episode: the prompt tokens followed by alternating model / observation segments.
 
     Token ids are kept exactly as produced; model output is never re-tokenized from text.
+
+    Most episodes are one sequence. A family whose format rewrites earlier turns (gpt-oss
+    drops past analysis after a final answer, DeepSeek renders several tool results at once)
+    cannot append the next observation: the rollout then renders the conversation afresh as
+    the prompt of a new sequence, and the finished one moves to ``earlier_sequences``.
+    ``prompt_ids`` and ``segments`` are always the last sequence; each sampled token is in
+    exactly one sequence as a model segment (later sequences hold it as prompt).
     """
 
     sample_id: str
@@ -182,10 +203,22 @@ class Trajectory:
     # are computed per group; None for a trajectory no rollout made. Last, so that fields
     # passed by position keep their places.
     group: int | None = None
+    #: the sequences finished before the last one, in order (see above)
+    earlier_sequences: list[TokenSequence] = field(default_factory=list)
+
+    @property
+    def sequences(self) -> list[TokenSequence]:
+        """Every sequence in order, the last one (``prompt_ids``, ``segments``) included."""
+        return [*self.earlier_sequences, TokenSequence(self.prompt_ids, self.segments)]
+
+    @property
+    def all_segments(self) -> list[Segment]:
+        """The segments of every sequence, in order."""
+        return [segment for sequence in self.sequences for segment in sequence.segments]
 
     @property
     def num_turns(self) -> int:
-        return sum(1 for s in self.segments if s.kind == "model")
+        return sum(1 for s in self.all_segments if s.kind == "model")
 
     @property
     def images(self) -> list[Any]:

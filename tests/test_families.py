@@ -260,24 +260,35 @@ def _arithmetic_in_harmony(tokenizer):
 
 
 def test_rlf_train_and_eval_with_gpt_oss_harmony_on_its_architecture(tmp_path):
+    """Two questions per episode: harmony drops past analysis once a final answer follows
+    it, so the second question cannot be appended: the trajectory goes on in a second
+    sequence (rendered afresh), and both sequences train, each sampled token in one."""
+    from rlfactory_core.metrics import read_metrics
     from rlfactory_core.records import MODEL, RunRecords
 
     model = build_tiny_model(tmp_path / "tiny-gpt-oss", "gpt-oss", architecture="gpt_oss")
     tokenizer = load_tokenizer(model)
     run_dir = tmp_path / "run"
-    # one question: a message after gpt-oss's final answer is not prefix-stable in harmony (its
-    # history drops the analysis), which needs several sequences per trajectory (not built yet)
-    config = _one_step(model, run_dir, questions=1)
+    config = _one_step(model, run_dir, questions=2)
     with scripted_backend(ScriptedBackend(tokenizer, _arithmetic_in_harmony(tokenizer))):
         train(config)
         report = evaluate(config, str(run_dir), size=2)
     one = RunRecords(run_dir).trajectory("train", 1, 0)
-    [sequence] = one["sequences"]
-    text = tokenizer.decode(sequence["token_ids"])
-    assert text.count("to=functions.calculator") == 1 and text.count("<|channel|>final<|message|>") == 1
-    assert one["reward"] == pytest.approx(1.0) and one["num_turns"] == 2
-    sampled = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
-    assert tokenizer.decode(sampled).count("<|call|>") == 1 and tokenizer.decode(sampled).endswith("<|return|>")
+    first, second = one["sequences"]
+    assert one["reward"] == pytest.approx(1.0) and one["num_turns"] == 4
+    for sequence, turns in ((first, [0, 1]), (second, [2, 3])):
+        sampled = [t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL]
+        written = tokenizer.decode(sampled)
+        assert written.count("<|call|>") == 1 and written.endswith("<|return|>")
+        assert sorted({turn for turn, m in zip(sequence["turn"], sequence["segment"]) if m == MODEL}) == turns
+        assert all(mask == (m == MODEL) for mask, m in zip(sequence["loss_mask"], sequence["segment"]))
+    # the second sequence's prompt holds the first question's conversation, its analysis dropped
+    prompt = tokenizer.decode([t for t, m in zip(second["token_ids"], second["segment"]) if m != MODEL])
+    history = prompt[:prompt.rfind("What is")]
+    assert history.count("to=functions.calculator") == 1 and "The answer is" in history
+    assert "I use the calculator" not in history and "The calculator says" not in history
+    [metrics] = [r for r in read_metrics(run_dir) if r.get("step") == 1]
+    assert metrics["rollout/sequences_mean"] == 2.0
     assert report["family"] == "gpt-oss" and report["metrics"]["eval/reward/accuracy"] == 1.0
 
 

@@ -151,14 +151,17 @@ def _harmony():
         return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
-def _harmony_assistant(turn: Turn) -> list:
+def _harmony_assistant(turn: Turn, content_type: bool = True) -> list:
+    """``content_type``: a call as the model writes it (``<|constrain|>json``); without, as a
+    conversation of parsed turns holds it (the OpenAI message shape has no content type)."""
     from openai_harmony import Message as HarmonyMessage
     from openai_harmony import Role
 
     out = [HarmonyMessage.from_role_and_content(Role.ASSISTANT, turn.reasoning).with_channel("analysis")]
     for name, arguments in turn.calls:
-        out.append(HarmonyMessage.from_role_and_content(Role.ASSISTANT, json.dumps(arguments))
-                   .with_channel("commentary").with_recipient(f"functions.{name}").with_content_type("<|constrain|>json"))
+        call = HarmonyMessage.from_role_and_content(Role.ASSISTANT, json.dumps(arguments)).with_channel(
+            "commentary").with_recipient(f"functions.{name}")
+        out.append(call.with_content_type("<|constrain|>json") if content_type else call)
     if not turn.calls:
         out.append(HarmonyMessage.from_role_and_content(Role.ASSISTANT, turn.content).with_channel("final"))
     return out
@@ -211,16 +214,20 @@ CASES = [
     Case("gpt-oss", "gpt-oss", SEQUENTIAL, "harmony", {}, "harmony"),
     # DeepSeek V4 with its thinking mode on (off by default: the prompt closes </think>); its
     # renderer appends one tool result at a time only (a full render sorts several by call id),
-    # so parallel calls end the trajectory with that reason: one call per turn here
+    # so parallel calls start a new sequence (test_a_format_that_rewrites_history_...): one
+    # call per turn here
     Case("deepseek-v4", "deepseek-v4", SEQUENTIAL, "renderer", {"enable_thinking": True}, "renderer"),
     # Llama 3.1 has no reasoning and its template refuses two calls in one message
     Case("llama3", "llama3.1", [Turn(None, t.content, t.calls) for t in SEQUENTIAL], "renderer", {}, "renderer"),
+    # DeepSeek V3 (its markup on V4's vocabulary, a look-alike) writes no reasoning
+    Case("deepseek-v3", "deepseek-v4", [Turn(None, t.content, t.calls) for t in PARALLEL], "renderer", {},
+         "renderer"),
     # not here: glm45 (its markup on Qwen3's vocabulary, a look-alike): its calls carry each
     # argument as <arg_key>/<arg_value> text that renderers types from the tools' schemas, which
     # parse(ids, context) is not given, so they read back as invalid (not built yet)
-    # not here: deepseek-v3 and deepseek-r1 (on V4's vocabulary, a look-alike): their prompt
-    # opens <think>, and their render of a finished tool-call turn drops it, so a turn is not a
-    # continuation of its prompt: several sequences per trajectory (not built yet)
+    # not here: deepseek-r1 (on V4's vocabulary, a look-alike): its prompt opens <think> and its
+    # render of a finished turn drops it, so a whole render is no reference; its episode is
+    # checked by test_a_format_that_rewrites_history_... (one sequence, appended)
 ]
 
 
@@ -297,8 +304,9 @@ async def test_a_multi_turn_tool_episode_is_token_exact(case):
     assert any(r.error for r in trajectory.tool_results), "a tool error"
     if case.script is PARALLEL:
         assert any(len(t.calls) > 1 for t in case.script), "a parallel call"
-    if case.family != "llama3":
+    if case.family not in ("llama3", "deepseek-v3"):
         assert all(t.reasoning for t in case.script), "reasoning in every turn"
+    assert len(trajectory.sequences) == 1
     # the model's tokens as sampled, every call read back from the ids
     model = [s.token_ids for s in trajectory.segments if s.kind == "model"]
     assert model == written
@@ -418,3 +426,170 @@ async def test_a_named_call_with_broken_arguments_is_answered_invalid_arguments(
     assert "cannot be used" in turn.tool_calls[0].invalid
     [result] = await ConcurrentToolManager(_tools(), timeout_s=5).call(turn.tool_calls)
     assert result.error == "invalid_arguments" and result.content.startswith("Error: the arguments of 'search'")
+
+
+# ------------------------------------------------------------------ several sequences
+#
+# Formats that rewrite earlier turns cannot append the next observation: the trajectory goes
+# on in a new sequence whose prompt is the family's render of the whole conversation. Each
+# sequence must be exact on its own, every sampled turn trained once (a model segment of the
+# one sequence that sampled it), and the new prompt equal to the reference's render.
+
+FOLLOW_UP = "And how many people live in the two together?"
+#: after the first answer the env asks FOLLOW_UP: one more tool round, then the answer
+SECOND_QUESTION = [
+    Turn("Add the two populations.", "", [("calculate", {"expression": "7-5"})]),
+    Turn("Done.", "Together 12 million people; the calculator only subtracts.", []),
+]
+
+
+class _FollowUpEnv(_Env):
+    def __init__(self, follow_ups):
+        super().__init__()
+        self.follow_ups = list(follow_ups)
+
+    async def step(self, state, turn, results):
+        answered = not turn.tool_calls and not turn.errors
+        if answered and self.follow_ups:
+            return EnvStep(observation=[Message("user", self.follow_ups.pop(0))], final_answer=turn.content)
+        return EnvStep(done=answered, final_answer=turn.content or None)
+
+
+def _r1_completion(tokenizer, turn: Turn) -> list[int]:
+    """DeepSeek R1's turn as it writes one: the reasoning the prompt's <think> opened, then its
+    tool-call markup (as its renderer writes calls) or the answer."""
+    text = f"{turn.reasoning}\n</think>\n\n{turn.content}"
+    if turn.calls:
+        text += "<｜tool▁calls▁begin｜>" + "\n".join(
+            f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{json.dumps(a)}\n```<｜tool▁call▁end｜>"
+            for n, a in turn.calls) + "<｜tool▁calls▁end｜>"
+    return tokenizer.encode(text + "<｜end▁of▁sentence｜>", add_special_tokens=False)
+
+
+@dataclass
+class Rewriting:
+    family: str
+    tokenizer: str
+    script: list[Turn]
+    follow_ups: list[str]
+    writer: str  # harmony | renderer | r1
+    options: dict
+    sequences: int  # how many the episode makes
+
+
+REWRITING = [
+    # harmony drops past analysis once a final answer follows it: the follow-up question
+    # starts a second sequence, checked against OpenAI's encoder
+    Rewriting("gpt-oss", "gpt-oss", SEQUENTIAL + SECOND_QUESTION, [FOLLOW_UP], "harmony", {}, 2),
+    # DeepSeek V4 renders several tool results at once: the parallel call's results start a
+    # new sequence
+    Rewriting("deepseek-v4", "deepseek-v4", PARALLEL, [], "renderer", {"enable_thinking": True}, 2),
+    # R1 (its markup on V4's vocabulary, a look-alike): its prompt opens <think> and its render
+    # of a finished turn drops it, yet the renderer appends each tool round after the sampled
+    # ids: one sequence (a render of the whole conversation is not a reference for it)
+    Rewriting("deepseek-r1", "deepseek-v4", SEQUENTIAL, [], "r1", {}, 1),
+]
+
+
+def _harmony_prompt(conversation: list) -> list[int]:
+    from openai_harmony import Conversation, Role
+
+    return _harmony().render_conversation_for_completion(Conversation.from_messages(conversation), Role.ASSISTANT)
+
+
+def _harmony_opening(family, tools) -> list:
+    from openai_harmony import DeveloperContent, Message as HarmonyMessage, Role, SystemContent, ToolDescription
+
+    system = SystemContent.new().with_conversation_start_date(family.renderer.config.conversation_start_date)
+    developer = DeveloperContent.new().with_instructions(SYSTEM).with_function_tools(
+        [ToolDescription.new(t.name, t.description, parameters=t.parameters) for t in tools])
+    return [HarmonyMessage.from_role_and_content(Role.SYSTEM, system),
+            HarmonyMessage.from_role_and_content(Role.DEVELOPER, developer),
+            HarmonyMessage.from_role_and_content(Role.USER, QUESTION)]
+
+
+@pytest.mark.parametrize("case", REWRITING, ids=[c.family for c in REWRITING])
+async def test_a_format_that_rewrites_history_trains_several_exact_sequences(case):
+    """(R1 is here for its hand-written turns: it appends, one sequence.)"""
+    from openai_harmony import Author, Message as HarmonyMessage, Role
+
+    tokenizer = _tokenizer(case.tokenizer)
+    family = get_component("family", case.family).build(tokenizer, **case.options)
+    env = _FollowUpEnv(case.follow_ups)
+    history = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    written: list[list[int]] = []
+
+    def reply(prompt_text: str) -> list[int]:
+        turn = case.script[len(written)]
+        if case.writer == "harmony":
+            ids = _gpt_oss_completion(tokenizer, turn, backend.prompts[-1])
+        elif case.writer == "r1":
+            ids = _r1_completion(tokenizer, turn)
+        else:
+            ids = _rendered_completion(family, turn, backend.prompts[-1], history, env.tools)
+        written.append(ids)
+        return ids
+
+    backend = ScriptedBackend(tokenizer, reply)
+    manager = ConcurrentToolManager(env.tools, timeout_s=10, max_retries=0)
+    trajectory = await run_trajectory({"id": "q"}, env=env, family=family, tool_manager=manager, backend=backend,
+                                      config=RolloutConfig(max_turns=8, max_tokens_per_turn=512,
+                                                           max_trajectory_tokens=16000))
+    assert trajectory.stop_reason == "env_done", trajectory.metadata.get("error")
+    assert len(written) == len(case.script) and len(trajectory.sequences) == case.sequences
+    # every sampled turn is a model segment of exactly one sequence, as sampled, in order
+    assert [s.token_ids for s in trajectory.all_segments if s.kind == "model"] == written
+    assert [(c.name, c.arguments) for c in trajectory.tool_calls] == [c for t in case.script for c in t.calls]
+    # each sequence is what the model was given: its prompt, then its turns and observations
+    # appended; generation k saw exactly the ids of its sequence before it
+    contexts = iter(backend.prompts)
+    for sequence in trajectory.sequences:
+        ids = list(sequence.prompt_ids)
+        for segment in sequence.segments:
+            if segment.kind == "model":
+                assert next(contexts) == ids
+            ids += segment.token_ids
+    # a later sequence's prompt is the reference's render of the conversation so far
+    results = iter(trajectory.tool_results)
+    turns = iter(case.script)
+    follow_ups = iter(case.follow_ups)
+    harmony = _harmony_opening(family, env.tools) if case.writer == "harmony" else None
+    k = 0
+    for sequence in trajectory.sequences:
+        if sequence is not trajectory.sequences[0]:
+            if harmony is not None:
+                reference = _harmony_prompt(harmony)
+                # the renderer opens the analysis channel in the prompt; harmony's completion
+                # prompt stops at the role
+                opening = tokenizer.encode("<|channel|>analysis<|message|>", add_special_tokens=False)
+                got = sequence.prompt_ids[:len(reference)]
+                at = next((i for i, (a, b) in enumerate(zip(got, reference)) if a != b), len(reference))
+                assert got == reference and sequence.prompt_ids[len(reference):] in ([], opening), (
+                    f"at {at}: {tokenizer.decode(got[at - 5:at + 10])!r} vs {tokenizer.decode(reference[at - 5:at + 10])!r} "
+                    f"{got[at - 5:at + 10]} {reference[at - 5:at + 10]}")
+            else:
+                reference = family.renderer.render_ids(history, tools=_tool_specs(env.tools),
+                                                       add_generation_prompt=True)
+                assert sequence.prompt_ids == reference
+        for segment in sequence.segments:
+            if segment.kind != "model":
+                continue
+            turn = next(turns)
+            history.append(_assistant(turn, k))
+            if harmony is not None:  # the conversation as parsed: what a new sequence renders
+                harmony += _harmony_assistant(turn, content_type=False)
+            for j, (name, _) in enumerate(turn.calls):
+                result = next(results)
+                history.append({"role": "tool", "name": name, "tool_call_id": f"call_{k + j}",
+                                "content": result.content})
+                if harmony is not None:
+                    harmony.append(HarmonyMessage.from_author_and_content(
+                        Author.new(Role.TOOL, f"functions.{name}"), result.content).with_recipient(
+                        "assistant").with_channel("commentary"))
+            k += len(turn.calls)
+            if not turn.calls:
+                question = next(follow_ups, None)
+                if question is not None:
+                    history.append({"role": "user", "content": question})
+                    if harmony is not None:
+                        harmony.append(HarmonyMessage.from_role_and_content(Role.USER, question))

@@ -133,6 +133,22 @@ def test_aggregation_modes_by_hand():
         aggregate(per_token, mask, "median")
 
 
+def test_a_trajectory_of_two_rows_is_one_sequence_in_the_seq_mean_modes():
+    # rows 0 and 1 are one trajectory's two sequences (4 loss tokens), row 2 another (1 token)
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [6.0, 0.0, 0.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0]])
+    tokens = torch.tensor([4, 4, 1])
+    assert close(aggregate(per_token, mask, "token_mean", sequence_tokens=tokens), 16 / 5)
+    assert close(aggregate(per_token, mask, "seq_mean_token_sum", num_sequences=2, sequence_tokens=tokens),
+                 (12 + 4) / 2)
+    assert close(aggregate(per_token, mask, "seq_mean_token_mean", num_sequences=2, sequence_tokens=tokens),
+                 (12 / 4 + 4 / 1) / 2)
+    # split over micro-batches with the mini-batch's normalisers: the same number
+    parts = sum(aggregate(per_token[rows], mask[rows], "seq_mean_token_mean", num_sequences=2,
+                          sequence_tokens=tokens[rows]) for rows in ([0], [1, 2]))
+    assert close(parts, (12 / 4 + 4 / 1) / 2)
+
+
 @pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
 def test_micro_batches_sum_to_the_mini_batch_loss(mode):
     torch.manual_seed(0)

@@ -181,6 +181,70 @@ async def test_token_budget_ends_the_trajectory_without_truncation(solver, chat,
     assert short.stop_reason == "prompt_too_long" and not short.segments
 
 
+class _AnswerForgettingFamily(TemplateFamily):
+    """A format that rewrites its history (as a context-managing agent does): once the env
+    asks a new question, the conversation is shown as its system message, a long note of what
+    was dropped, and that question."""
+
+    @staticmethod
+    def _question(message):  # (the qwen3 format shows tool results as user messages)
+        return message.role == "user" and "<tool_response>" not in message.content
+
+    def observation_ids(self, completion_ids, context_ids, observation):
+        if any(self._question(m) for m in observation):
+            return None  # not an extension of the ids: a new sequence
+        return super().observation_ids(completion_ids, context_ids, observation)
+
+    def prompt(self, messages, tools):
+        last = max(i for i, m in enumerate(messages) if self._question(m))
+        kept = [*(m for m in messages[:last] if m.role == "system"), messages[last]]
+        if any(m.role == "assistant" for m in messages):  # a rewrite: a note of what it dropped
+            kept.insert(-1, Message("user", "Earlier questions were answered. " * 30))
+        return super().prompt(kept, tools)
+
+
+async def test_a_family_that_rewrites_history_makes_one_sequence_per_rewrite(solver, chat, parser):
+    """Each sequence is exact (its prompt the family's render, then its turns as sampled and
+    its observations appended) and every sampled turn is in one sequence; the token limit is
+    per sequence: what the model sees at once."""
+    env = make_env(questions_per_episode=3, few_shot=False)
+    [sample] = env.dataset(1)
+    family = _AnswerForgettingFamily(chat, parser)
+    sampled = []
+    backend = ScriptedBackend(chat.tokenizer, lambda text: sampled.append(solve(text)) or sampled[-1])
+    config = RolloutConfig(**{**GREEDY, "max_turns": 8})
+    [trajectory] = await rollout([sample], env=env, family=family, backend=backend, config=config,
+                                 tool_manager=ConcurrentToolManager(env.tools, timeout_s=60.0))
+    assert trajectory.stop_reason in ("env_done", "no_tool_call") and len(trajectory.sequences) == 3
+    written = [chat.tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in trajectory.all_segments
+               if s.kind == "model"]
+    assert written == sampled  # (each turn ends at the end-of-turn token the backend adds)
+    assert len(sampled) == 6 and trajectory.num_turns == 6
+    for k, sequence in enumerate(trajectory.sequences):
+        assert [s.kind for s in sequence.segments if s.token_ids] == ["model", "observation", "model"]
+        assert backend.prompts[2 * k] == sequence.prompt_ids  # what generation saw first
+        question = chat.tokenizer.decode(sequence.prompt_ids).rsplit("What is ", 1)[1]
+        assert "What is " not in question and "<tool_response>" not in question  # the history is gone
+        assert (k > 0) == ("Earlier questions" in chat.tokenizer.decode(sequence.prompt_ids))
+    longest = max(len(q.prompt_ids) + sum(len(s.token_ids) for s in q.segments) for q in trajectory.sequences)
+    total = sum(len(q.prompt_ids) + sum(len(s.token_ids) for s in q.segments) for q in trajectory.sequences)
+    # the limit holds each sequence, not their sum
+    [fits] = await rollout([sample], env=make_env(questions_per_episode=3, few_shot=False), family=family,
+                           backend=ScriptedBackend(chat.tokenizer, solve),
+                           config=RolloutConfig(**{**GREEDY, "max_turns": 8, "max_trajectory_tokens": longest + 1}),
+                           tool_manager=ConcurrentToolManager(env.tools, timeout_s=60.0))
+    assert longest + 1 < total and len(fits.sequences) == 3 and fits.stop_reason == trajectory.stop_reason
+    # a conversation rendered afresh that does not fit ends the trajectory with the reason
+    first = trajectory.sequences[0]
+    assert len(first.prompt_ids) + sum(len(s.token_ids) for s in first.segments) < len(trajectory.sequences[1].prompt_ids)
+    [cut] = await rollout([sample], env=make_env(questions_per_episode=3, few_shot=False), family=family,
+                          backend=ScriptedBackend(chat.tokenizer, solve),
+                          config=RolloutConfig(**{**GREEDY, "max_turns": 8,
+                                                  "max_trajectory_tokens": len(trajectory.sequences[1].prompt_ids)}),
+                          tool_manager=ConcurrentToolManager(env.tools, timeout_s=60.0))
+    assert cut.stop_reason == "token_budget" and "rendered afresh" in cut.metadata["error"]
+
+
 async def test_max_turns(solver, chat, parser):
     env = make_env(questions_per_episode=3)
     [trajectory] = await run(env, solver, chat, parser, env.dataset(1), max_turns=1)

@@ -78,6 +78,42 @@ def test_turn_rewards_sit_on_each_turns_last_model_token():
     assert out.tolist() == [[0, 0, 0, 0.5, 0, -1.0, 0]]  # positions 3 and 5; 6 is padding
 
 
+def test_a_trajectory_of_two_sequences_is_two_rows_sharing_its_group_and_advantage():
+    """A family that rewrote history made two sequences: one row each, the trajectory's
+    advantage on both, its turns counted across them (a later sequence's turn reward credits
+    the earlier turns), its loss tokens counted together; records write both sequences."""
+    from rlfactory_core.records import trajectory_records
+    from rlfactory_core.rewards import ScoredBatch
+    from rlfactory_core.training.batch import trajectory_rows
+    from rlfactory_core.types import TokenSequence
+
+    two = trajectory([1, 2], ("model", [3, 4]), ("observation", []), turn_rewards=[0.5, -1.0], group=0)
+    two.earlier_sequences = [TokenSequence(two.prompt_ids, two.segments)]
+    two.prompt_ids, two.segments = [1, 2, 3, 4, 9], [Segment("model", [6, 7, 8], [-0.5] * 3)]
+    one = trajectory([1, 2], ("model", [5]), group=0)
+    config = load_config([], ["grpo.advantage_norm=none"])
+    batch = build_batch([two, one], [1.0, 0.0], config, pad_id=0)
+    assert batch["trajectory"].tolist() == [0, 0, 1] and trajectory_rows(batch) == [[0, 1], [2]]
+    assert batch["input_ids"].tolist() == [[1, 2, 3, 4, 0, 0, 0, 0], [1, 2, 3, 4, 9, 6, 7, 8], [1, 2, 5, 0, 0, 0, 0, 0]]
+    assert batch["loss_mask"].tolist() == [[0, 0, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 1, 0, 0, 0, 0, 0]]
+    assert batch["sequence_advantages"].tolist() == [0.5, 0.5, -0.5]  # reward minus the group mean
+    assert batch["trajectory_tokens"].tolist() == [5, 5, 1]
+    # turn 0 (+0.5) and turn 1 (-1.0, in the second sequence) are both after turn 0's tokens
+    assert batch["advantages"][0, 2:4].tolist() == [0.5 + 0.5 - 1.0] * 2
+    assert batch["advantages"][1, 5:8].tolist() == [0.5 - 1.0] * 3
+    from collections import Counter
+
+    scored = ScoredBatch(totals=[1.0, 0.0], components=[{}, {}], correct=[None, None], errors=Counter(),
+                         applied=Counter())
+    [record] = trajectory_records([two, one], step=1, kind="train", scored=scored, row_samples=[None, None],
+                                  tokenizer=load_tokenizer("qwen3"), rows=[0], batch_rows=trajectory_rows(batch),
+                                  advantages=batch["sequence_advantages"], token_advantages=batch["advantages"])
+    first, second = record["sequences"]
+    assert first["token_ids"] == [1, 2, 3, 4] and second["token_ids"] == [1, 2, 3, 4, 9, 6, 7, 8]
+    assert first["turn"] == [-1, -1, 0, 0] and second["turn"][5:] == [1, 1, 1]
+    assert second["advantage"][5:] == [-0.5] * 3 and record["advantage"] == 0.5 and record["num_turns"] == 2
+
+
 def _micro(ids, attention, mask):
     from tensordict import TensorDict
 

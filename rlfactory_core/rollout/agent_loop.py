@@ -16,7 +16,15 @@ One trajectory::
         env.step(state, parsed turn, results)                            -> feedback, done, reward
         observation = family.tool_messages(results) + feedback
         ids += family.observation_ids(the new ids, observation)         -> observation segment
+          (None: the format rewrites earlier turns; ids = family.prompt(the whole
+           conversation, tools) starts a new sequence of the trajectory)
     env.close(state)                                                     (always)
+
+A trajectory is one token sequence unless its family rewrites history (gpt-oss after a final
+answer, DeepSeek's several tool results): each sequence is exact, its prompt rendered by the
+family and its model segments as sampled, and every sampled token is trained in the one
+sequence that sampled it (``Trajectory.earlier_sequences``). The token limit is per sequence:
+what the model sees at once.
 
 It ends (``Trajectory.stop_reason``) on: ``no_tool_call`` (the model answered and the env
 sent no follow-up; always, with ``stop_on_no_tool_call``), ``env_done``, ``max_turns``,
@@ -44,7 +52,7 @@ import pydantic
 from ..errors import one_line
 from ..interfaces import member
 from ..plugins import notify
-from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, ToolResult, Trajectory
+from ..types import EnvReset, Message, ParsedTurn, Sample, Segment, TokenSequence, ToolResult, Trajectory
 from .backends.base import Backend, SamplingParams
 from .family import parse_error_results, parse_turn
 
@@ -151,6 +159,8 @@ async def run_trajectory(
             return _end(trajectory, "env_error", f"rendering the prompt failed: {one_line(exc)}")
         # Only now: the messages (and their images) are those the ids hold.
         trajectory.messages = list(messages)
+        # the conversation as the family renders it afresh (turns as parsed), for a new sequence
+        history = list(reset.messages)
         context = list(trajectory.prompt_ids)
         # The images behind the context's image tokens, in order (see rollout.render).
         images = trajectory.images
@@ -177,6 +187,8 @@ async def run_trajectory(
             turn = parse_turn(family, generation.token_ids, before)
             context.extend(generation.token_ids)
             trajectory.messages.append(Message(role="assistant", content=family.decode(generation.token_ids)))
+            history.append(Message(role="assistant", content=turn.content, tool_calls=list(turn.tool_calls),
+                                   reasoning=turn.reasoning))
             # a turn stopped at max_tokens: the last one makes the trajectory cut off (training.overlong)
             trajectory.metadata["last_turn_cut"] = generation.finish_reason == "length"
             trajectory.metadata["cut_turns"] += generation.finish_reason == "length"
@@ -225,17 +237,32 @@ async def run_trajectory(
             try:
                 observation = [*family.tool_messages([*parse_error_results(turn), *results]), *step.observation]
                 observation_ids = family.observation_ids(generation.token_ids, before, observation)
+                if observation_ids is None:  # the format rewrites earlier turns here: a new sequence
+                    _, next_prompt = family.prompt([*history, *observation], reset.tools)
             except Exception as exc:  # noqa: BLE001 - e.g. a template that refuses a message
                 return _end(trajectory, "env_error", f"rendering the observation failed: {one_line(exc)}")
             # Room for the observation and at least one generated token, or the episode ends
             # here with a recorded reason: the context is never silently cut.
-            if len(context) + len(observation_ids) >= limit:
-                return _end(trajectory, "token_budget",
-                            f"the next observation ({len(observation_ids)} tokens) does not fit the "
-                            f"trajectory's limit of {limit} tokens")
-            trajectory.segments.append(Segment("observation", observation_ids, num_messages=len(observation)))
-            context.extend(observation_ids)
+            if observation_ids is None:
+                if len(next_prompt) >= limit:
+                    return _end(trajectory, "token_budget",
+                                f"the conversation rendered afresh ({len(next_prompt)} tokens) does not fit the "
+                                f"trajectory's limit of {limit} tokens")
+                # the finished sequence does not show the observation (the next one's prompt
+                # does): an empty observation segment keeps its messages' place in the turns
+                trajectory.segments.append(Segment("observation", [], num_messages=len(observation)))
+                trajectory.earlier_sequences.append(TokenSequence(trajectory.prompt_ids, trajectory.segments))
+                trajectory.prompt_ids, trajectory.segments = list(next_prompt), []
+                context = list(next_prompt)
+            else:
+                if len(context) + len(observation_ids) >= limit:
+                    return _end(trajectory, "token_budget",
+                                f"the next observation ({len(observation_ids)} tokens) does not fit the "
+                                f"trajectory's limit of {limit} tokens")
+                trajectory.segments.append(Segment("observation", observation_ids, num_messages=len(observation)))
+                context.extend(observation_ids)
             trajectory.messages.extend(observation)
+            history.extend(observation)
             images = [*images, *(image for message in observation for image in message.images)]
         return _end(trajectory, "max_turns")
     except asyncio.CancelledError:
@@ -325,7 +352,8 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Flat metrics of a batch of trajectories (keys documented in the README's metrics table):
 
     ``rollout/trajectories``, ``rollout/turns_mean``, ``rollout/model_tokens_mean`` (tokens
-    the model wrote per trajectory), ``rollout/total_tokens_mean`` (prompt + all segments),
+    the model wrote per trajectory), ``rollout/total_tokens_mean`` (prompt + all segments, of
+    every sequence), ``rollout/sequences_mean`` (token sequences per trajectory),
     ``rollout/tool_calls`` (total), ``rollout/tool_errors`` (total failed calls),
     ``rollout/tool_errors/<kind>``, ``rollout/parse_errors``, ``rollout/stop/<reason>`` (share
     of trajectories ending for each reason).
@@ -334,11 +362,13 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     if n == 0:
         return {"rollout/trajectories": 0.0}
     metrics: dict[str, float] = {"rollout/trajectories": float(n)}
-    model_tokens = [sum(len(s.token_ids) for s in t.segments if s.kind == "model") for t in trajectories]
-    total_tokens = [len(t.prompt_ids) + sum(len(s.token_ids) for s in t.segments) for t in trajectories]
+    model_tokens = [sum(len(s.token_ids) for s in t.all_segments if s.kind == "model") for t in trajectories]
+    total_tokens = [sum(len(q.prompt_ids) + sum(len(s.token_ids) for s in q.segments) for q in t.sequences)
+                    for t in trajectories]
     metrics["rollout/turns_mean"] = sum(t.num_turns for t in trajectories) / n
     metrics["rollout/model_tokens_mean"] = sum(model_tokens) / n
     metrics["rollout/total_tokens_mean"] = sum(total_tokens) / n
+    metrics["rollout/sequences_mean"] = sum(len(t.sequences) for t in trajectories) / n
     metrics["rollout/tool_calls"] = float(sum(len(t.tool_calls) for t in trajectories))
     kinds: Counter[str] = Counter()
     for t in trajectories:

@@ -376,7 +376,7 @@ class RetokenizationReport:
 
 
 def trajectory_ids(trajectory: Trajectory) -> list[int]:
-    """All ids of a trajectory: the prompt, then every segment in order."""
+    """All ids of a trajectory's last (most often only) sequence: the prompt, then every segment."""
     ids = list(trajectory.prompt_ids)
     for segment in trajectory.segments:
         ids.extend(segment.token_ids)

@@ -12,9 +12,13 @@ appends the next turn after a sampled completion without re-rendering it
   DeepSeek's ``<｜User｜>``, an added token its tokenizer does not even mark special) would
   forge a turn. Every body token that is one of the family's structural tokens (every added
   token of the vocabulary) is forged: the body's run is tokenized again as plain text.
-* **Append-only or refuse.** ``bridge_to_next_turn`` returns None when it cannot prove the
-  appended ids extend the context exactly (``renderers`` would re-render; we never do):
-  that is an error naming the cause, which ends the trajectory with the reason recorded.
+* **Append, or a new sequence.** ``bridge_to_next_turn`` returns None when it cannot prove
+  the appended ids extend the context exactly (the format rewrites earlier turns: gpt-oss
+  drops past analysis after a final answer, DeepSeek V4 renders several tool results at
+  once, DeepSeek V3/R1 drop a finished turn's ``<think>``). ``renderers`` would re-render
+  over the sampled ids; here the family says so (``observation_ids`` returns None) and the
+  rollout renders the whole conversation as the prompt of a new sequence of the trajectory:
+  every sequence exact, every sampled token trained once, in the sequence that sampled it.
 * **Offline.** A renderer is always built from an explicit config: ``renderers``' auto
   detection calls the hub for names it does not know.
 """
@@ -131,29 +135,30 @@ class RenderersFamily:
     def prompt(self, messages: Sequence[Message], tools: Sequence[Any]) -> tuple[list[Message], list[int]]:
         rendered = self.renderer.render([_openai(m) for m in messages], tools=[_tool_spec(t) for t in tools] or None,
                                         add_generation_prompt=True)
-        return list(messages), self._data_safe(rendered, from_position=0)
+        return list(messages), self._data_safe(rendered, from_position=0, roles=[m.role for m in messages])
 
     def observation_ids(self, completion_ids: Sequence[int], context_ids: Sequence[int],
-                        observation: Sequence[Message]) -> list[int]:
+                        observation: Sequence[Message]) -> list[int] | None:
         bridged = self.renderer.bridge_to_next_turn(list(context_ids), list(completion_ids),
                                                     [_openai(m) for m in observation])
-        if bridged is None:
-            raise ModelError(f"the {self.name} renderer cannot append this observation without re-rendering the "
-                             "conversation: its format rewrites earlier turns here (e.g. a turn cut inside its "
-                             "reasoning, DeepSeek V4's several tool results at once, a message after gpt-oss's final "
-                             "answer), which would need several training sequences per trajectory, not built yet",
-                             hint="the trajectory ends here; raise rollout.max_tokens_per_turn if turns are cut")
+        if bridged is None:  # the format rewrites earlier turns here: the rollout starts a new sequence
+            return None
         prior = len(context_ids) + len(completion_ids)
-        ids = self._data_safe(bridged, from_position=prior)
+        ids = self._data_safe(bridged, from_position=prior, roles=[m.role for m in observation])
         if ids[:prior] != [*context_ids, *completion_ids][:min(prior, len(ids))]:
             raise ModelError(f"the {self.name} renderer changed earlier ids while appending an observation",
                              hint="report it with the renderers version")
         return ids[prior:]
 
-    def _data_safe(self, rendered: Any, from_position: int) -> list[int]:
+    def _data_safe(self, rendered: Any, from_position: int, roles: Sequence[str]) -> list[int]:
         """``rendered``'s ids with each message body that holds a structural token
         tokenized again as plain text (a body is a run of ``is_content`` tokens of one
-        message). Positions before ``from_position`` (the context) are kept."""
+        message). Positions before ``from_position`` (the context) are kept.
+
+        An assistant message's body is what the model writes (``renderers`` marks its calls'
+        markup and end token as content too): kept as rendered. Assistant messages reach a
+        prompt as the model's own earlier turns (a new sequence of a trajectory); text the
+        model did not write (system, user and tool messages) is always data."""
         ids = list(rendered.token_ids)
         content, owners = list(rendered.is_content), list(rendered.message_indices)
         if len(content) != len(ids):
@@ -170,7 +175,9 @@ class RenderersFamily:
             while end < len(ids) and content[end] and owners[end] == owners[k]:
                 end += 1
             body = ids[k:end]
-            if self.structural_ids.intersection(body):
+            owner = owners[k]
+            written_by_model = 0 <= owner < len(roles) and roles[owner] == "assistant"
+            if not written_by_model and self.structural_ids.intersection(body):
                 body = self._plain_ids(self.tokenizer.decode(body, skip_special_tokens=False))
             out += body
             k = end
@@ -210,6 +217,9 @@ class RenderersFamily:
             problems.append(f"the call the renderer writes is read back as {turn.tool_calls or turn.errors}")
         result = Message("tool", "84", name=tool.name, tool_call_id=turn.tool_calls[0].id if turn.tool_calls else "")
         appended = self.observation_ids(completion, prompt, [result])
+        if appended is None:
+            return FamilyCheck(False, [f"the {self.name} renderer cannot append a tool result after a call: every "
+                                       "tool round would start a new sequence"])
         reference = self.renderer.render_ids([*history, call, {"role": "tool", "content": "84", "name": tool.name,
                                                                "tool_call_id": result.tool_call_id}],
                                              tools=[_tool_spec(tool)], add_generation_prompt=True)
@@ -222,7 +232,8 @@ class RenderersFamily:
         markup = "".join(self.tokenizer.convert_ids_to_tokens(sorted(self.structural_ids))[:64])
         forged = self.observation_ids(completion, prompt, [Message("tool", f"84 {markup}", name=tool.name,
                                                                    tool_call_id=result.tool_call_id)])
-        if sum(i in self.structural_ids for i in forged) != sum(i in self.structural_ids for i in appended):
+        if forged is None or sum(i in self.structural_ids for i in forged) != sum(
+                i in self.structural_ids for i in appended):
             problems.append("a tool result holding the vocabulary's markup put special tokens into the context")
         return FamilyCheck(not problems, problems, len(context))
 

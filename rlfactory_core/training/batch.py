@@ -1,11 +1,16 @@
 """The rollout batch: trajectories as tensors, with their advantages, and its micro-batches.
 
-The batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per trajectory,
-right-padded): ``input_ids``, ``attention_mask``, ``loss_mask``, ``sampler_logprobs`` and
-``advantages`` ([B, L]), with the trainer's version ``staleness`` ([B, L], each sampled
-token's age in versions), ``lengths``, ``prompt_lengths`` and ``sequence_advantages`` ([B]); with images, their
+The batch is a ``tensordict.TensorDict`` with batch size ``[B]`` (one row per token sequence,
+right-padded: a trajectory is one sequence unless its model family rewrote earlier turns,
+:class:`~rlfactory_core.types.Trajectory`): ``input_ids``, ``attention_mask``, ``loss_mask``,
+``sampler_logprobs`` and ``advantages`` ([B, L]), with the trainer's version ``staleness``
+([B, L], each sampled token's age in versions), ``lengths``, ``prompt_lengths``,
+``trajectory`` (the row's trajectory), ``trajectory_tokens`` (the loss tokens of the row's
+trajectory, all its rows together: the per-trajectory loss averages over them) and
+``sequence_advantages`` (the row's trajectory's advantage) ([B]); with images, their
 model inputs (``image_inputs``, ``image_counts``); ``recorded`` ([B], the rows the run records
-token by token, when it records any). The update adds ``old_logprobs`` and ``ref_logprobs``,
+token by token, when it records any). The rows of one trajectory share its group and its
+advantage. The update adds ``old_logprobs`` and ``ref_logprobs``,
 and for recorded rows ``trainer_logprobs``. Micro-batches are row selections of it (trajectories of similar length,
 at most ``grpo.micro_batch_tokens`` tokens), narrowed to their longest row, and each is fed
 to the model padded or packed (``grpo.packing``, :mod:`.logprobs`).
@@ -18,15 +23,33 @@ from typing import Any, Sequence
 from ..config import RunConfig
 from ..errors import ModelError
 
-__all__ = ["to_tensordict", "build_batch", "turn_reward_tensor", "rows_of", "micro_batches", "micro_image_inputs"]
+__all__ = ["to_tensordict", "build_batch", "turn_reward_tensor", "rows_of", "micro_batches", "micro_image_inputs",
+           "sequence_rows", "trajectory_rows"]
 
 
-def _rows(trajectory: Any) -> tuple[list[int], list[int], list[float], list[int]]:
-    ids = list(trajectory.prompt_ids)
+def sequence_rows(trajectories: Sequence[Any]) -> list[tuple[int, Any]]:
+    """The batch's rows: ``(trajectory index, token sequence)`` for every sequence of every
+    trajectory, in order."""
+    return [(index, sequence) for index, trajectory in enumerate(trajectories)
+            for sequence in getattr(trajectory, "sequences", None) or [trajectory]]
+
+
+def trajectory_rows(batch: Any) -> list[list[int]]:
+    """For each trajectory of ``batch`` (in order), the rows of its sequences."""
+    out: list[list[int]] = []
+    for row, index in enumerate(batch["trajectory"].tolist()):
+        while len(out) <= index:
+            out.append([])
+        out[index].append(row)
+    return out
+
+
+def _rows(trajectory: Any, sequence: Any) -> tuple[list[int], list[int], list[float], list[int]]:
+    ids = list(sequence.prompt_ids)
     mask = [0] * len(ids)
     logprobs = [0.0] * len(ids)
     versions = [-1] * len(ids)
-    for segment in trajectory.segments:
+    for segment in sequence.segments:
         ids.extend(segment.token_ids)
         mask.extend([segment.loss_mask] * len(segment.token_ids))
         version = segment.policy_version if segment.kind == "model" and segment.policy_version is not None else -1
@@ -43,21 +66,23 @@ def _rows(trajectory: Any) -> tuple[list[int], list[int], list[float], list[int]
 
 
 def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
-    """The trajectories as ``[B, L]`` tensors, right-padded to the longest: ``input_ids``
+    """The trajectories' sequences (:func:`sequence_rows`, one row each) as ``[B, L]`` tensors,
+    right-padded to the longest: ``input_ids``
     (prompt, then every model and observation segment, in order), ``attention_mask`` (1 on
     real tokens), ``loss_mask`` (1 on tokens the model sampled), ``logprobs`` (the sampler's,
     where ``loss_mask`` is 1, else 0), ``versions`` (the policy version that sampled each model
-    token, -1 elsewhere or where the backend does not say); and ``lengths`` and
-    ``prompt_lengths`` (``[B]``). A model segment without a logprob for each of its tokens is
-    refused."""
+    token, -1 elsewhere or where the backend does not say); and ``lengths``,
+    ``prompt_lengths`` and ``trajectory`` (``[B]``). A model segment without a logprob for
+    each of its tokens is refused."""
     import torch
     from tensordict import TensorDict
 
     if not trajectories:
         raise ValueError("no trajectories to convert")
-    rows = [_rows(t) for t in trajectories]
+    sequences = sequence_rows(trajectories)
+    rows = [_rows(trajectories[index], sequence) for index, sequence in sequences]
     lengths = torch.tensor([len(ids) for ids, _, _, _ in rows], dtype=torch.int64)
-    prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories], dtype=torch.int64)
+    prompt_lengths = torch.tensor([len(sequence.prompt_ids) for _, sequence in sequences], dtype=torch.int64)
     batch, width = len(rows), int(lengths.max())
     input_ids = torch.full((batch, width), pad_token_id, dtype=torch.int64)
     attention_mask = torch.zeros((batch, width), dtype=torch.int64)
@@ -73,30 +98,37 @@ def to_tensordict(trajectories: Sequence[Any], pad_token_id: int = 0) -> Any:
         versions[row, :n] = torch.tensor(vs, dtype=torch.int64)
     return TensorDict({"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
                        "logprobs": logprobs, "versions": versions, "lengths": lengths,
-                       "prompt_lengths": prompt_lengths}, batch_size=[batch])
+                       "prompt_lengths": prompt_lengths,
+                       "trajectory": torch.tensor([index for index, _ in sequences], dtype=torch.int64)},
+                      batch_size=[batch])
 
 
 def turn_reward_tensor(trajectories: Sequence[Any], width: int,
                        reward_turn_rewards: Sequence[Sequence[float]] | None = None) -> Any:
-    """``[B, L]``: each model turn's reward on the last token of that turn: the env's
-    (``trajectory.turn_rewards``) plus the rewards' (``reward_turn_rewards[row]``, from
-    :class:`rlfactory_core.rewards.ScoredBatch`)."""
+    """``[B, L]`` (a row per sequence, :func:`sequence_rows`): each model turn's reward on the
+    last token of that turn: the env's (``trajectory.turn_rewards``) plus the rewards'
+    (``reward_turn_rewards[i]`` of trajectory ``i``, from
+    :class:`rlfactory_core.rewards.ScoredBatch`). A trajectory's turns are counted across its
+    sequences."""
     import torch
 
-    out = torch.zeros(len(trajectories), width)
-    for row, trajectory in enumerate(trajectories):
-        extra = reward_turn_rewards[row] if reward_turn_rewards is not None else ()
-        position = len(trajectory.prompt_ids)
-        model_turn = 0
-        for segment in trajectory.segments:
+    sequences = sequence_rows(trajectories)
+    out = torch.zeros(len(sequences), width)
+    model_turns = [0] * len(trajectories)
+    for row, (index, sequence) in enumerate(sequences):
+        trajectory = trajectories[index]
+        extra = reward_turn_rewards[index] if reward_turn_rewards is not None else ()
+        position = len(sequence.prompt_ids)
+        for segment in sequence.segments:
             position += len(segment.token_ids)
             if segment.kind == "model":
+                model_turn = model_turns[index]
                 if segment.token_ids:
                     if model_turn < len(trajectory.turn_rewards):
                         out[row, position - 1] += float(trajectory.turn_rewards[model_turn])
                     if model_turn < len(extra):
                         out[row, position - 1] += float(extra[model_turn])
-                model_turn += 1
+                model_turns[index] += 1
     return out
 
 
@@ -118,14 +150,24 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     if any(group is None for group in groups):
         raise ValueError("every trajectory needs its group (set by the rollout) for group advantages")
     td = to_tensordict(trajectories, pad_token_id=pad_id)
+    index = td["trajectory"]
     if processor is not None and any(t.images for t in trajectories):
         _add_image_inputs(td, trajectories, processor)
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), groups, config.grpo.advantage_norm)
+    row_advantages = advantages[index]
     turn_rewards = None
     has_turn_rewards = any(any(t.turn_rewards) for t in trajectories) or any(
         any(r) for r in reward_turn_rewards or ())
     if config.grpo.turn_rewards and has_turn_rewards:
         turn_rewards = turn_reward_tensor(trajectories, td["input_ids"].shape[1], reward_turn_rewards)
+        # a token is credited with the turn rewards after it in its trajectory: those of the
+        # trajectory's later sequences too
+        per_row = turn_rewards.sum(-1)
+        later = torch.zeros_like(per_row)
+        for rows in trajectory_rows(td):
+            for k, row in enumerate(rows):
+                later[row] = per_row[rows[k + 1:]].sum()
+        row_advantages = row_advantages + later
     td["sampler_logprobs"] = td.pop("logprobs")
     versions = td.pop("versions")
     if policy_version is not None:
@@ -133,11 +175,13 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     if config.grpo.overlong_filter:  # cut-off trajectories carry no loss (training.overlong)
         from .overlong import cut_off
 
-        for row, trajectory in enumerate(trajectories):
-            if cut_off(trajectory):
+        for row, trajectory_index in enumerate(index.tolist()):
+            if cut_off(trajectories[trajectory_index]):
                 td["loss_mask"][row] = 0
-    td["advantages"] = token_advantages(advantages, td["loss_mask"], turn_rewards)
-    td["sequence_advantages"] = advantages
+    td["advantages"] = token_advantages(row_advantages, td["loss_mask"], turn_rewards)
+    td["sequence_advantages"] = advantages[index]
+    per_trajectory = torch.zeros(len(trajectories), dtype=torch.int64).index_add_(0, index, td["loss_mask"].sum(-1))
+    td["trajectory_tokens"] = per_trajectory[index]
     return td
 
 
@@ -157,10 +201,15 @@ def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> N
     # ids; a row without image tokens (defensively) gets none.
     from ..rollout.render import trajectory_ids
 
-
+    if any(t.images and t.earlier_sequences for t in trajectories):
+        raise ModelError("a trajectory with images is several token sequences (its model family rewrote earlier "
+                         "turns): training images over several sequences is not supported",
+                         hint="use a model family that appends each turn (the model's chat template)")
     image_token = getattr(processor, "image_token_id", None)
-    rows = [t.images if t.images and (image_token is None or image_token in trajectory_ids(t)) else []
-            for t in trajectories]
+    rows = []
+    for index in td["trajectory"].tolist():  # a trajectory with images is one row
+        t = trajectories[index]
+        rows.append(t.images if t.images and (image_token is None or image_token in trajectory_ids(t)) else [])
     if not any(rows):
         return
     per_row = [image_inputs(processor, images) if images else None for images in rows]
@@ -168,7 +217,7 @@ def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> N
     most = max(len(images) for images in rows)
     padded = {}
     for key, value in template.items():
-        out = torch.zeros((len(trajectories), most, *value.shape[1:]), dtype=value.dtype)
+        out = torch.zeros((len(rows), most, *value.shape[1:]), dtype=value.dtype)
         for row, inputs in enumerate(per_row):
             if inputs is not None:
                 if tuple(inputs[key].shape[1:]) != tuple(value.shape[1:]):
@@ -178,7 +227,7 @@ def _add_image_inputs(td: Any, trajectories: Sequence[Any], processor: Any) -> N
                                           "shape (LLaVA's CLIP processor)")
                 out[row, :len(inputs[key])] = inputs[key]
         padded[key] = out
-    td["image_inputs"] = TensorDict(padded, batch_size=[len(trajectories)])
+    td["image_inputs"] = TensorDict(padded, batch_size=[len(rows)])
     td["image_counts"] = torch.tensor([len(images) for images in rows], dtype=torch.int64)
 
 

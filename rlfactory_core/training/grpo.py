@@ -40,7 +40,8 @@ The choices, each a config key of ``grpo``:
   ``seq_mean_token_mean`` (each trajectory weighs the same: the original GRPO). The
   normalisers are those of the whole mini-batch, passed in, so that summing the losses of
   its micro-batches gives exactly the mini-batch's loss (gradient accumulation does not
-  change the objective).
+  change the objective). A trajectory of several token sequences (rows) is one sequence
+  here: its rows' tokens are averaged together (``sequence_tokens``) and it is counted once.
 """
 
 from __future__ import annotations
@@ -116,12 +117,16 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: LossAgg,
-              num_tokens: float | None = None, num_sequences: float | None = None) -> torch.Tensor:
+              num_tokens: float | None = None, num_sequences: float | None = None,
+              sequence_tokens: torch.Tensor | None = None) -> torch.Tensor:
     """One number from ``[B, L]`` per-token values over the masked tokens.
 
     ``num_tokens`` / ``num_sequences`` are the normalisers of the whole mini-batch when this
     is one micro-batch of it (default: this batch's own). A row without a masked token (a
-    filtered trajectory) is not a sequence the ``seq_mean`` modes average over."""
+    filtered trajectory) is not a sequence the ``seq_mean`` modes average over.
+    ``sequence_tokens`` (``[B]``): the masked tokens of each row's trajectory, where a
+    trajectory spans several rows (``seq_mean_token_mean`` averages over them; default: the
+    row's own); ``num_sequences`` then counts trajectories."""
     mask = mask.to(per_token.dtype)
     summed = per_token * mask
     if mode == "token_mean":
@@ -131,7 +136,8 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: LossAgg,
     if mode == "seq_mean_token_sum":
         return summed.sum() / max(sequences, 1.0)
     if mode == "seq_mean_token_mean":
-        per_sequence = summed.sum(-1) / mask.sum(-1).clamp(min=1)
+        tokens = mask.sum(-1) if sequence_tokens is None else sequence_tokens.to(per_token.dtype)
+        per_sequence = summed.sum(-1) / tokens.clamp(min=1)
         return per_sequence.sum() / max(sequences, 1.0)
     raise ValueError(f"loss aggregation must be token_mean, seq_mean_token_sum or seq_mean_token_mean, got {mode!r}")
 

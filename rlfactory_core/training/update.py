@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import RunConfig
-from .batch import micro_batches, rows_of
+from .batch import micro_batches, rows_of, trajectory_rows
 from .logprobs import token_logprobs
 
 __all__ = ["update_policy", "batch_logprobs", "shares_prompts", "DataParallel", "SINGLE_PROCESS"]
@@ -157,15 +157,18 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     shared = shares_prompts(config, batch, packed, model)
     ranks = dp.world
     shuffler = random.Random(f"{config.train.seed}:minibatches:{step}")
+    # mini-batches of whole trajectories: a trajectory's sequences (rows) stay together
+    by_trajectory = trajectory_rows(batch) if "trajectory" in batch.keys() else [[row] for row in rows]
     for epoch in range(g.epochs):
-        order = list(rows)
+        order = list(range(len(by_trajectory)))
         shuffler.shuffle(order)
         size = math.ceil(len(order) / g.mini_batches)
         for start in range(0, len(order), size):
-            mini = order[start:start + size]
+            members = order[start:start + size]
+            mini = [row for member in members for row in by_trajectory[member]]
             num_tokens = float(batch["loss_mask"][mini].sum())
             # trajectories without a loss token (filtered, or nothing sampled) are not averaged over
-            num_sequences = int((batch["loss_mask"][mini].sum(-1) > 0).sum())
+            num_sequences = sum(int(batch["loss_mask"][by_trajectory[member]].sum()) > 0 for member in members)
             if num_tokens == 0:
                 continue
             optimizer.zero_grad(set_to_none=True)
@@ -191,7 +194,8 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
                     per_token = per_token + g.kl_coef * kl
                 if g.entropy_coef > 0:
                     per_token = per_token - g.entropy_coef * entropies
-                loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=num_sequences)
+                loss = aggregate(per_token, mask, g.loss_agg, num_tokens=num_tokens, num_sequences=num_sequences,
+                                 sequence_tokens=micro.get("trajectory_tokens", None))
                 if not real:  # padding for the collectives: no gradient, no statistics
                     (loss * 0.0).backward()
                     continue
