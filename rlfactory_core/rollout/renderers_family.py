@@ -124,6 +124,10 @@ class RenderersFamily:
         unknown = getattr(tokenizer, "unk_token_id", None)
         #: every added token is structural: no message body may put one into the ids
         self.structural_ids = frozenset(int(i) for i in added if int(i) != unknown)
+        # the schemas of every tool a prompt described, by name, for the parsers that type a
+        # call's arguments from them (GLM 4.5 writes each as text); a run's tools are unique
+        # by name (its tool manager's registry), so one family serves every episode
+        self._tool_specs: dict[str, dict[str, Any]] = {}
 
     @functools.cached_property
     def _plain(self) -> Any:
@@ -133,7 +137,9 @@ class RenderersFamily:
     # ------------------------------------------------------------------ rendering
 
     def prompt(self, messages: Sequence[Message], tools: Sequence[Any]) -> tuple[list[Message], list[int]]:
-        rendered = self.renderer.render([_openai(m) for m in messages], tools=[_tool_spec(t) for t in tools] or None,
+        specs = [_tool_spec(t) for t in tools]
+        self._tool_specs.update((spec["function"]["name"], spec) for spec in specs)
+        rendered = self.renderer.render([_openai(m) for m in messages], tools=specs or None,
                                         add_generation_prompt=True)
         return list(messages), self._data_safe(rendered, from_position=0, roles=[m.role for m in messages])
 
@@ -245,10 +251,12 @@ class RenderersFamily:
         a call whose tool is named but whose arguments a tool cannot take (broken JSON, not an
         object, NaN, nested past ``MAX_ARGUMENT_DEPTH``) is kept with ``ToolCall.invalid`` set,
         which the tool manager answers with an ``invalid_arguments`` error: the rule of every
-        format."""
+        format. The parser is given the schemas of the tools the prompts described (GLM 4.5
+        types each argument, written as text, from its tool's schema)."""
         text = self.decode(completion_ids)
         try:
-            parsed = self.renderer.parse_response(list(completion_ids), prompt_ids=list(context_ids))
+            parsed = self.renderer.parse_response(list(completion_ids), prompt_ids=list(context_ids),
+                                                  tools=list(self._tool_specs.values()) or None)
         except (Exception, RecursionError) as exc:  # noqa: BLE001 - model output must never raise
             return ParsedTurn(text=text, content=text.strip(), errors=[ParseError(
                 f"the {self.name} parser could not read this turn ({type(exc).__name__}); write the tool calls "
