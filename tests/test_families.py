@@ -193,6 +193,52 @@ def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path)
     assert report["family"] == "qwen3" and report["metrics"]["eval/reward/accuracy"] == 1.0
 
 
+def _arithmetic_in(family: str, tokenizer):
+    """What a Llama 3.1 or DeepSeek V4 model would write in the arithmetic env, in its own
+    markup (the renderer's): a calculator call, then the answer once the result is shown."""
+    def reply(text: str) -> list[int]:
+        tail = text[text.rfind("What is"):]
+        if family == "llama3":
+            shown, end = re.search(r'ipython\s*"(-?\d+)"', tail), "<|eot_id|>"
+            call = '{"name": "calculator", "parameters": {"expression": "%s"}}'
+        else:  # deepseek-v4, thinking off (the prompt closes </think>)
+            shown, end = re.search(r"<tool_result>(-?\d+)</tool_result>", tail), "<｜end▁of▁sentence｜>"
+            call = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="calculator">\n<｜DSML｜parameter name="expression" '
+                    'string="true">%s</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+        if shown:
+            written = f"The answer is {shown.group(1)}."
+        else:
+            a, op, b = re.match(r"What is (\d+)([-+*])(\d+)\?", tail).groups()
+            written = call % f"{a}{op}{b}"
+        return tokenizer.encode(written + end, add_special_tokens=False)
+    return reply
+
+
+@pytest.mark.parametrize(("family", "source", "architecture"), [("llama3", "llama3.1", "llama"),
+                                                               ("deepseek-v4", "deepseek-v4", "deepseek_v3")])
+def test_rlf_train_and_eval_a_family_on_a_tiny_model_of_its_architecture(tmp_path, family, source, architecture):
+    """Llama 3.1 on Llama; DeepSeek V4's vocabulary on DeepSeek V3's architecture (latent
+    attention, experts: transformers has no V4 model): detected, trained one step with a
+    scripted tool round per question, recorded, evaluated."""
+    from rlfactory_core.records import MODEL, RunRecords
+
+    model = build_tiny_model(tmp_path / "tiny", source, architecture=architecture)
+    tokenizer = load_tokenizer(model)
+    run_dir = tmp_path / "run"
+    config = _one_step(model, run_dir, questions=1)
+    with scripted_backend(ScriptedBackend(tokenizer, _arithmetic_in(family, tokenizer))):
+        train(config)
+        report = evaluate(config, str(run_dir), size=2)
+    one = RunRecords(run_dir).trajectory("train", 1, 0)
+    [sequence] = one["sequences"]
+    assert one["reward"] == pytest.approx(1.0) and one["num_turns"] == 2
+    sampled = tokenizer.decode([t for t, m in zip(sequence["token_ids"], sequence["segment"]) if m == MODEL])
+    assert sampled.count("calculator") == 1 and "The answer is" in sampled
+    state = json.loads((latest_checkpoint(run_dir) / "state.json").read_text())
+    assert state["family"] == family and report["family"] == family
+    assert report["metrics"]["eval/reward/accuracy"] == 1.0
+
+
 def test_a_checkpoints_family_and_tokenizer_are_kept(tmp_path, default_model_dir):
     checkpoint = tmp_path / "step-000003"
     checkpoint.mkdir()

@@ -78,7 +78,7 @@ def test_turn_rewards_sit_on_each_turns_last_model_token():
     assert out.tolist() == [[0, 0, 0, 0.5, 0, -1.0, 0]]  # positions 3 and 5; 6 is padding
 
 
-def test_a_trajectory_of_two_sequences_is_two_rows_sharing_its_group_and_advantage():
+def test_a_trajectory_of_two_sequences_is_two_rows_sharing_its_group_and_advantage(default_model_dir):
     """A family that rewrote history made two sequences: one row each, the trajectory's
     advantage on both, its turns counted across them (a later sequence's turn reward credits
     the earlier turns), its loss tokens counted together; records write both sequences."""
@@ -106,7 +106,7 @@ def test_a_trajectory_of_two_sequences_is_two_rows_sharing_its_group_and_advanta
     scored = ScoredBatch(totals=[1.0, 0.0], components=[{}, {}], correct=[None, None], errors=Counter(),
                          applied=Counter())
     [record] = trajectory_records([two, one], step=1, kind="train", scored=scored, row_samples=[None, None],
-                                  tokenizer=load_tokenizer("qwen3"), rows=[0], batch_rows=trajectory_rows(batch),
+                                  tokenizer=load_tokenizer(default_model_dir), rows=[0], batch_rows=trajectory_rows(batch),
                                   advantages=batch["sequence_advantages"], token_advantages=batch["advantages"])
     first, second = record["sequences"]
     assert first["token_ids"] == [1, 2, 3, 4] and second["token_ids"] == [1, 2, 3, 4, 9, 6, 7, 8]
