@@ -114,6 +114,17 @@ def test_a_trajectory_of_two_sequences_is_two_rows_sharing_its_group_and_advanta
     assert second["advantage"][5:] == [-0.5] * 3 and record["advantage"] == 0.5 and record["num_turns"] == 2
 
 
+def test_images_over_several_sequences_are_refused_with_the_reason():
+    from rlfactory_core.errors import ModelError
+    from rlfactory_core.types import Message, TokenSequence
+
+    t = trajectory([1, 2], ("model", [3]), group=0)
+    t.messages = [Message("user", "look", images=[b"png"])]
+    t.earlier_sequences = [TokenSequence([1], [])]
+    with pytest.raises(ModelError, match="several token sequences"):
+        build_batch([t], [1.0], load_config([], []), pad_id=0, processor=object())
+
+
 def _micro(ids, attention, mask):
     from tensordict import TensorDict
 

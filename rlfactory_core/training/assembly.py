@@ -106,6 +106,6 @@ class BatchAssembler:
 def _lengths(which: str, trajectories: Sequence[Any]) -> dict[str, float]:
     """Mean model tokens and turns per trajectory (``batch/<which>_tokens_mean``, ``..._turns_mean``)."""
     n = max(len(trajectories), 1)
-    tokens = sum(len(s.token_ids) for t in trajectories for s in t.segments if s.kind == "model")
+    tokens = sum(len(s.token_ids) for t in trajectories for s in t.all_segments if s.kind == "model")
     return {f"batch/{which}_tokens_mean": tokens / n,
             f"batch/{which}_turns_mean": sum(t.num_turns for t in trajectories) / n}
