@@ -167,7 +167,16 @@ A family written from scratch implements `build`, `prompt`, `parse`, `tool_messa
 `observation_ids` and `decode` (the table above). Its two duties: text the model did not
 write (messages, tool results) reaches the ids as plain text, never as the vocabulary's
 special or added tokens; and `parse` never raises on model output and takes time linear in
-its length (`rlfactory_core.testing.check_parser_conformance` holds parsers to that).
+its length (`rlfactory_core.testing.check_parser_conformance` holds parsers to that;
+`check_family_conformance` holds a family to it at the id level).
+
+A format that rewrites earlier turns (drops past reasoning, moves its tool list, renders
+several tool results at once) does not re-render over the sampled ids: its
+`observation_ids` returns None there, and the rollout starts a new token sequence of the
+trajectory from `prompt` of the whole conversation (its assistant messages as parsed:
+`content`, `reasoning`, `tool_calls`). Each sequence trains as its own batch row; the rows
+of a trajectory share its group and advantage, and every sampled token carries loss in the
+one sequence that sampled it. An agent that summarises or trims its history does the same.
 
 Parsers stay parsers: a tool-call format read from text (`qwen3`'s `<tool_call>` blocks,
 `search_r1`, `pythonic`) is the `parser` of the `template` family, a recipe's choice apart
