@@ -38,12 +38,12 @@ def test_doctor_json_lists_every_check_and_exits_0(rlf, default_model_dir):
         checks["model-family"]["detail"]
 
 
-@pytest.mark.parametrize("model", ["qwen3", "gpt-oss"])
-def test_doctor_names_a_models_family_and_checks_it(model):
+@pytest.mark.parametrize(("model", "name"), [("qwen3", "qwen3"), ("gpt-oss", "gpt-oss"), ("mistral-v7", "mistral")])
+def test_doctor_names_a_models_family_and_checks_it(model, name):
     # the checks `rlf doctor --model` runs (the command itself: the tests above)
     family = doctor_cmd._model_family(model)
     assert family.status == "ok", family
-    assert family.detail.startswith(f"{model}: {model} (auto: the tokenizer has its anchor tokens): token-exact")
+    assert family.detail.startswith(f"{model}: {name} (auto: the tokenizer has its anchor tokens): token-exact")
     # an offline tokenizer has no chat template: said, not a failure
     template = doctor_cmd._chat_template(model)
     assert template.status == "missing" and "no chat template" in template.detail

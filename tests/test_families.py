@@ -23,7 +23,7 @@ from rlfactory_core.training.checkpoint import latest_checkpoint
 from rlfactory_core.testing import (TINY_ARCHITECTURES, ScriptedBackend, build_tiny_model, registered_plugin,
                                     scripted_backend, train)
 
-BUILT_IN = {"template", "qwen3", "llama3", "gpt-oss", "deepseek-v3", "deepseek-r1", "deepseek-v4", "glm45"}
+BUILT_IN = {"template", "qwen3", "llama3", "gpt-oss", "deepseek-v3", "deepseek-r1", "deepseek-v4", "glm45", "mistral"}
 NO_TASK = SimpleNamespace(parser=None)
 
 
@@ -38,7 +38,8 @@ def test_the_built_in_families_are_components_of_the_plugin_manager():
 
 
 @pytest.mark.parametrize(("source", "family"), [("qwen3", "qwen3"), ("llama3.1", "llama3"), ("gpt-oss", "gpt-oss"),
-                                                 ("deepseek-v4", "deepseek-v4")])
+                                                 ("deepseek-v4", "deepseek-v4"), ("mistral-v3", "mistral"),
+                                                 ("mistral-tekken", "mistral")])
 def test_auto_picks_the_family_whose_anchor_tokens_the_tokenizer_has(source, family):
     tokenizer = load_tokenizer(source)
     choice = choose_family(_config(), tokenizer)
@@ -194,13 +195,16 @@ def test_rlf_train_renders_parses_and_trains_through_a_detected_family(tmp_path)
 
 
 def _arithmetic_in(family: str, tokenizer):
-    """What a Llama 3.1 or DeepSeek V4 model would write in the arithmetic env, in its own
-    markup (the renderer's): a calculator call, then the answer once the result is shown."""
+    """What a Llama 3.1, DeepSeek V4 or Mistral model would write in the arithmetic env, in its
+    own markup: a calculator call, then the answer once the result is shown."""
     def reply(text: str) -> list[int]:
         tail = text[text.rfind("What is"):]
         if family == "llama3":
             shown, end = re.search(r'ipython\s*"(-?\d+)"', tail), "<|eot_id|>"
             call = '{"name": "calculator", "parameters": {"expression": "%s"}}'
+        elif family == "mistral":  # v3: results shown as {"content": ..., "call_id": ...}
+            shown, end = re.search(r'"content": "?(-?\d+)', tail), "</s>"
+            call = '[TOOL_CALLS] [{"name": "calculator", "arguments": {"expression": "%s"}}]'
         else:  # deepseek-v4, thinking off (the prompt closes </think>)
             shown, end = re.search(r"<tool_result>(-?\d+)</tool_result>", tail), "<｜end▁of▁sentence｜>"
             call = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="calculator">\n<｜DSML｜parameter name="expression" '
@@ -215,11 +219,13 @@ def _arithmetic_in(family: str, tokenizer):
 
 
 @pytest.mark.parametrize(("family", "source", "architecture"), [("llama3", "llama3.1", "llama"),
-                                                               ("deepseek-v4", "deepseek-v4", "deepseek_v3")])
+                                                               ("deepseek-v4", "deepseek-v4", "deepseek_v3"),
+                                                               ("mistral", "mistral-v3", "llama")])
 def test_rlf_train_and_eval_a_family_on_a_tiny_model_of_its_architecture(tmp_path, family, source, architecture):
     """Llama 3.1 on Llama; DeepSeek V4's vocabulary on DeepSeek V3's architecture (latent
-    attention, experts: transformers has no V4 model): detected, trained one step with a
-    scripted tool round per question, recorded, evaluated."""
+    attention, experts: transformers has no V4 model); Mistral v3 on Llama (Mistral 7B's is
+    Llama's, sliding window aside): detected, trained one step with a scripted tool round per
+    question, recorded, evaluated."""
     from rlfactory_core.records import MODEL, RunRecords
 
     model = build_tiny_model(tmp_path / "tiny", source, architecture=architecture)

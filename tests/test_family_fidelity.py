@@ -358,12 +358,13 @@ def test_a_tool_result_holding_the_vocabularys_markup_stays_text(case):
 
 
 CONFORMANCE = [("qwen3", "qwen3", {}), ("gpt-oss", "gpt-oss", {}), ("deepseek-v4", "deepseek-v4", {}),
-               ("llama3", "llama3.1", {}), ("glm45", "glm-look-alike", {}),
+               ("llama3", "llama3.1", {}), ("glm45", "glm-look-alike", {}), ("mistral", "mistral-v3", {}),
+               ("mistral", "mistral-tekken", {}),
                # V3's and R1's markup on V4's vocabulary (a look-alike: no V3 tokenizer here)
                ("deepseek-v3", "deepseek-v4", {}), ("deepseek-r1", "deepseek-v4", {})]
 
 
-@pytest.mark.parametrize(("name", "source", "options"), CONFORMANCE, ids=[c[0] for c in CONFORMANCE])
+@pytest.mark.parametrize(("name", "source", "options"), CONFORMANCE, ids=[f"{c[0]}@{c[1]}" for c in CONFORMANCE])
 def test_every_family_reads_hostile_completions_without_raising_in_linear_time(name, source, options):
     from rlfactory_core.testing import check_family_conformance
 
@@ -416,6 +417,7 @@ BROKEN_ARGUMENTS = [
     ("gpt-oss", "gpt-oss", 'Look.<|end|><|start|>assistant<|channel|>commentary to=functions.search <|constrain|>json'
                            '<|message|>{"query": <|call|>'),
     ("qwen3", "qwen3", '<tool_call>\n{"name": "search", "arguments": "query=Avalon"}\n</tool_call><|im_end|>'),
+    ("mistral", "mistral-v7", '[TOOL_CALLS] [{"name": "search", "arguments": "query=Avalon"}]</s>'),
     ("deepseek-v4", "deepseek-v4", '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="search">\n<｜DSML｜parameter '
                                    'name="query" string="false">{bad</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
                                    '</｜DSML｜tool_calls><｜end▁of▁sentence｜>'),
@@ -598,3 +600,116 @@ async def test_a_format_that_rewrites_history_trains_several_exact_sequences(cas
                     history.append({"role": "user", "content": question})
                     if harmony is not None:
                         harmony.append(HarmonyMessage.from_role_and_content(Role.USER, question))
+
+
+# ------------------------------------------------------------------ Mistral (mistral-common)
+#
+# The family encodes with mistral-common; the model's turns are written by mistral-common's
+# own assistant encoding (ids as Mistral's nine characters), and the context appended turn by
+# turn must equal mistral-common's encoding of the whole conversation in one request.
+
+MISTRAL = ["mistral-v3", "mistral-v7", "mistral-tekken"]
+
+
+def _mistral_call_id(k: int) -> str:
+    return f"call{k:05d}"
+
+
+def _mistral_messages(turn: Turn, first_call: int):
+    from mistral_common.protocol.instruct.messages import AssistantMessage
+    from mistral_common.protocol.instruct.tool_calls import FunctionCall, ToolCall
+
+    calls = [ToolCall(id=_mistral_call_id(first_call + k), function=FunctionCall(name=n, arguments=json.dumps(a)))
+             for k, (n, a) in enumerate(turn.calls)]
+    return AssistantMessage(content=turn.content or None, tool_calls=calls or None)
+
+
+@pytest.mark.parametrize("source", MISTRAL)
+async def test_a_mistral_episode_is_token_exact_against_mistral_common(source):
+    from mistral_common.protocol.instruct.messages import SystemMessage, ToolMessage, UserMessage
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    tokenizer = _tokenizer(source)
+    family = get_component("family", "mistral").build(tokenizer)
+    mistral = family.mistral
+    script = [Turn(None, t.content, t.calls) for t in PARALLEL]  # Mistral writes no reasoning
+    env = _Env()
+    written: list[list[int]] = []
+    calls = 0
+
+    def reply(prompt_text: str) -> list[int]:
+        nonlocal calls
+        turn = script[len(written)]
+        ids = list(mistral.instruct_tokenizer.encode_assistant_message(_mistral_messages(turn, calls), False))
+        calls += len(turn.calls)
+        written.append(ids)
+        return ids
+
+    trajectory = await _run_episode(env, family, ScriptedBackend(tokenizer, reply))
+    assert trajectory.stop_reason == "env_done", trajectory.metadata.get("error")
+    assert sum(1 for t in script if t.calls) >= 3 and any(len(t.calls) > 1 for t in script)
+    assert any(r.error for r in trajectory.tool_results) and len(trajectory.sequences) == 1
+    assert [s.token_ids for s in trajectory.segments if s.kind == "model"] == written
+    assert [(c.name, c.arguments) for c in trajectory.tool_calls] == [c for t in script for c in t.calls]
+    assert [c.id for c in trajectory.tool_calls] == [_mistral_call_id(k) for k in range(calls)]
+    # the whole conversation in one request (up to the last tool result), then the answer
+    messages: list[Any] = [SystemMessage(content=SYSTEM), UserMessage(content=QUESTION)]
+    results = iter(trajectory.tool_results)
+    k = 0
+    for turn in script[:-1]:
+        messages.append(_mistral_messages(turn, k))
+        for j, (name, _) in enumerate(turn.calls):
+            messages.append(ToolMessage(content=next(results).content, tool_call_id=_mistral_call_id(k + j), name=name))
+        k += len(turn.calls)
+    tools = [family._tool(t) for t in env.tools]  # noqa: SLF001 - the family's own conversion of the tools
+    reference = list(mistral.encode_chat_completion(ChatCompletionRequest(messages=messages, tools=tools)).tokens)
+    reference += written[-1]
+    context = trajectory.prompt_ids + [i for s in trajectory.segments for i in s.token_ids]
+    if context != reference:
+        k = next((i for i, (a, b) in enumerate(zip(context, reference)) if a != b), min(len(context), len(reference)))
+        pytest.fail(f"{source}: the context differs from mistral-common's at {k}:\n"
+                    f"context   {tokenizer.decode(context[max(0, k - 20):k + 20])!r}\n"
+                    f"reference {tokenizer.decode(reference[max(0, k - 20):k + 20])!r}")
+
+
+@pytest.mark.parametrize("source", MISTRAL)
+async def test_a_mistral_follow_up_question_starts_a_sequence_rendered_by_mistral_common(source):
+    """A new user message moves Mistral's tool list (and v3's system prompt) in front of it:
+    the follow-up question starts a second sequence, mistral-common's render of the
+    conversation as parsed; the model's turns are each in one sequence, as written."""
+    tokenizer = _tokenizer(source)
+    family = get_component("family", "mistral").build(tokenizer)
+    script = [Turn(None, t.content, t.calls) for t in SEQUENTIAL[2:] + SECOND_QUESTION]
+    env = _FollowUpEnv([FOLLOW_UP])
+    written: list[list[int]] = []
+    calls = 0
+
+    def reply(prompt_text: str) -> list[int]:
+        nonlocal calls
+        turn = script[len(written)]
+        ids = list(family.mistral.instruct_tokenizer.encode_assistant_message(_mistral_messages(turn, calls), False))
+        calls += len(turn.calls)
+        written.append(ids)
+        return ids
+
+    backend = ScriptedBackend(tokenizer, reply)
+    trajectory = await _run_episode(env, family, backend)
+    assert trajectory.stop_reason == "env_done", trajectory.metadata.get("error")
+    assert len(trajectory.sequences) == 2
+    assert [s.token_ids for s in trajectory.all_segments if s.kind == "model"] == written
+    first, second = trajectory.sequences
+    assert backend.prompts[len([s for s in first.segments if s.kind == "model"])] == second.prompt_ids
+    text = tokenizer.decode(second.prompt_ids)
+    assert text.rfind("[AVAILABLE_TOOLS]") > text.find(QUESTION) and text.endswith("[/INST]")
+    assert FOLLOW_UP in text and text.count("[TOOL_RESULTS]") == 2
+
+
+def test_the_mistral_family_refuses_a_tokenizer_it_cannot_encode_for(default_model_dir):
+    from rlfactory_core.errors import ModelError
+
+    with pytest.raises(ModelError, match="found no mistral-common tokenizer file"):
+        get_component("family", "mistral").build(load_tokenizer(default_model_dir))
+    with pytest.raises(ModelError, match="encode text differently"):
+        get_component("family", "mistral").build(_tokenizer("mistral-v3"), encoding="mistral-tekken")
+    with pytest.raises(ModelError, match="'v9' is not a Mistral encoding"):
+        get_component("family", "mistral").build(_tokenizer("mistral-v3"), encoding="v9")

@@ -53,7 +53,7 @@ from ..errors import ModelError
 from .cache import Progress, prepare_once
 from .embedded import rlfactory_home
 
-__all__ = ["TOKENIZER_SOURCES", "TokenizerSource", "prepare_tokenizer", "tokenizers_dir", "offline_tiktoken",
+__all__ = ["TOKENIZER_SOURCES", "TokenizerSource", "prepare_tokenizer", "tokenizers_dir", "offline_tiktoken", "source_file",
            "MANIFEST_NAME"]
 
 #: Written last into a prepared directory; its presence (and validity) means "complete".
@@ -365,6 +365,16 @@ def _source(name: str) -> TokenizerSource:
         raise ModelError(f"unknown offline tokenizer {name!r}",
                          hint=f"offline tokenizers: {', '.join(TOKENIZER_SOURCES)}; or pass a tokenizer or "
                          "model directory") from None
+
+
+def source_file(name: str) -> Path:
+    """The vocabulary file an offline tokenizer is built from (``TOKENIZER_SOURCES[name].file``),
+    checked against its pinned hash: for a family that encodes with the source's own library
+    (mistral-common's files)."""
+    source = _source(name)
+    path = _installed_file(source)
+    _check_hash(source, _sha256(path), path.name)
+    return path
 
 
 def _installed_file(source: TokenizerSource) -> Path:

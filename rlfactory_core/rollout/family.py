@@ -13,14 +13,14 @@ results as messages. The format is a recipe's choice, apart from the model.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from ..errors import ModelError, one_line
 from ..types import Message, ParsedTurn, ParseError, ToolResult
 from .render import ChatTemplate
 
-__all__ = ["TemplateFamily", "parse_turn", "parse_error_results", "with_tools_prompt"]
+__all__ = ["TemplateFamily", "FamilyCheck", "SelfCheckTool", "parse_turn", "parse_error_results", "with_tools_prompt"]
 
 
 def with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
@@ -47,6 +47,32 @@ def parse_turn(family: Any, completion_ids: Sequence[int], context_ids: Sequence
 def parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
     """The parse errors of a turn as tool results the model is shown."""
     return [ToolResult(name="parser", content=f"Error: {e.message}", error="parse_error") for e in turn.errors]
+
+
+class SelfCheckTool:
+    """The tool of the families' self-checks' sample round."""
+
+    name = "calculator"
+    description = "Evaluate an arithmetic expression."
+    parameters = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+
+
+@dataclass
+class FamilyCheck:
+    """What a family's ``self_check`` found (``rlf doctor --model``): a tool round appended
+    turn by turn against ``reference``'s encoding of the whole conversation, and a tool result
+    holding the vocabulary's markup adding none of it."""
+
+    ok: bool
+    problems: list[str]
+    tokens: int = 0
+    reference: str = "the render of the whole conversation (self-consistent)"
+
+    def describe(self) -> str:
+        if self.ok:
+            return (f"token-exact: the {self.tokens} ids of a tool round appended turn by turn match "
+                    f"{self.reference}; markup in a tool result stays text")
+        return "; ".join(self.problems)
 
 
 class TemplateFamily:

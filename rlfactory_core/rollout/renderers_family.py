@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelError, one_line
 from ..tools import arguments_problem
 from ..types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
+from .family import FamilyCheck, SelfCheckTool
 
 __all__ = ["RenderersFamily", "RENDERERS_FAMILIES"]
 
@@ -52,27 +52,6 @@ def _openai(message: Message) -> dict[str, Any]:
 def _tool_spec(tool: Any) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool.name, "description": getattr(tool, "description", ""),
                                              "parameters": getattr(tool, "parameters", {"type": "object"})}}
-
-
-class _SelfCheckTool:
-    name = "calculator"
-    description = "Evaluate an arithmetic expression."
-    parameters = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
-
-
-@dataclass
-class FamilyCheck:
-    """What :meth:`RenderersFamily.self_check` found."""
-
-    ok: bool
-    problems: list[str]
-    tokens: int = 0
-
-    def describe(self) -> str:
-        if self.ok:
-            return (f"token-exact (self-consistent): the {self.tokens} ids of a tool round appended turn by turn "
-                    f"match the render of the whole conversation; markup in a tool result stays text")
-        return "; ".join(self.problems)
 
 
 class RenderersFamily:
@@ -203,7 +182,7 @@ class RenderersFamily:
         result appended, the next turn opened) against the renderer's render of the whole
         conversation (self-consistency), the call read back from its ids, and a tool result
         holding the vocabulary's markup adding none of it (``rlf doctor --model`` runs it)."""
-        tool = _SelfCheckTool()
+        tool = SelfCheckTool()
         opening = [Message("system", "You can call tools."), Message("user", "What is 12*7?")]
         history = [m.to_dict() for m in opening]
         call = {"role": "assistant", "content": "", "reasoning_content": "I use the calculator.",
