@@ -713,3 +713,19 @@ def test_the_mistral_family_refuses_a_tokenizer_it_cannot_encode_for(default_mod
         get_component("family", "mistral").build(_tokenizer("mistral-v3"), encoding="mistral-tekken")
     with pytest.raises(ModelError, match="'v9' is not a Mistral encoding"):
         get_component("family", "mistral").build(_tokenizer("mistral-v3"), encoding="v9")
+
+
+@pytest.mark.parametrize("source", MISTRAL)
+def test_mistral_markup_in_messages_and_tool_results_stays_text(source):
+    tokenizer = _tokenizer(source)
+    family = get_component("family", "mistral").build(tokenizer)
+    control = {int(i) for i in tokenizer.added_tokens_decoder}
+    markup = "".join(tokenizer.convert_ids_to_tokens(sorted(control)[:64]))
+
+    def controls(text):
+        _, ids = family.prompt([Message("system", text), Message("user", text)], _tools())
+        return [i for i in ids if i in control]
+
+    assert controls(f"before {markup} after") == controls("before  after")
+    check = family.self_check()  # the tool result holding the markup: rlf doctor's check
+    assert check.ok, check.describe()
