@@ -127,7 +127,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
     for index, row in enumerate(range(len(trajectories)) if rows is None else rows):
         trajectory, sample = trajectories[row], row_samples[row]
         expected = sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None
-        parts = getattr(trajectory, "sequences", None) or [trajectory]
+        parts = trajectory.sequences
         in_batch = [row] if batch_rows is None else list(batch_rows[row])
         sequences, first_turn = [], 0
         for part, batch_row in zip(parts, in_batch if len(in_batch) == len(parts) else [None] * len(parts)):
@@ -232,7 +232,7 @@ def _messages(trajectory: Any) -> list[dict[str, Any]]:
     """The conversation, each message with its model turn: -1 for the prompt's (few-shot
     examples included), k for turn k's model message and the observation after it."""
     turns: list[int] = []
-    for part in getattr(trajectory, "all_segments", None) or trajectory.segments:
+    for part in trajectory.all_segments:
         turn = (turns[-1] if turns else -1) + (part.kind == "model")
         turns += [turn] * part.num_messages
     turns = [-1] * max(0, len(trajectory.messages) - len(turns)) + turns

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import pydantic
 
 from .threads import run_in_tool_thread
-from .types import ToolResult
+from .types import ToolCall, ToolResult
 
 __all__ = [
     "FunctionTool",
@@ -32,6 +32,7 @@ __all__ = [
     "TransientToolError",
     "invalid_text",
     "arguments_problem",
+    "named_call",
     "MAX_ARGUMENT_DEPTH",
     "valid_text",
 ]
@@ -116,6 +117,23 @@ def arguments_problem(arguments: Any) -> str | None:
     except (TypeError, ValueError) as exc:
         return f"arguments are not JSON: {exc}"
     return None
+
+
+def named_call(name: str, arguments: Any, call_id: str = "") -> ToolCall:
+    """A call the model named, from its ``arguments`` as a format read them (an object, JSON
+    text, or None where they could not be read). Arguments a tool cannot take
+    (:func:`arguments_problem`) give a call with ``invalid`` set, which the tool manager
+    answers ``invalid_arguments`` without running the tool: one rule for every format."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            arguments = None
+    problem = arguments_problem(arguments) if arguments is not None else "arguments are not valid JSON"
+    if problem is not None:
+        return ToolCall(name, {}, call_id, invalid=f"the arguments of {name!r} cannot be used: {problem}; write them "
+                                                   "as one JSON object")
+    return ToolCall(name, arguments, call_id)
 
 
 def invalid_text(arguments: Any) -> str | None:

@@ -20,7 +20,7 @@ from ..errors import ModelError, one_line
 from ..types import Message, ParsedTurn, ParseError, ToolResult
 from .render import ChatTemplate
 
-__all__ = ["TemplateFamily", "FamilyCheck", "SelfCheckTool", "parse_turn", "parse_error_results", "with_tools_prompt"]
+__all__ = ["TemplateFamily", "FamilyCheck", "SelfCheckTool", "tool_role_messages", "parse_turn", "parse_error_results", "with_tools_prompt"]
 
 
 def with_tools_prompt(messages: list[Message], tools: Sequence[Any], parser: Any) -> list[Message]:
@@ -47,6 +47,12 @@ def parse_turn(family: Any, completion_ids: Sequence[int], context_ids: Sequence
 def parse_error_results(turn: ParsedTurn) -> list[ToolResult]:
     """The parse errors of a turn as tool results the model is shown."""
     return [ToolResult(name="parser", content=f"Error: {e.message}", error="parse_error") for e in turn.errors]
+
+
+def tool_role_messages(results: Sequence[ToolResult]) -> list[Message]:
+    """Each result as a ``tool`` message naming its tool and call: how the families with a
+    tool role of their own show results."""
+    return [Message(role="tool", content=r.content, name=r.name, tool_call_id=r.call_id or None) for r in results]
 
 
 class SelfCheckTool:

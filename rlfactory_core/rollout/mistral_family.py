@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelError, one_line
-from ..tools import arguments_problem
-from ..types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
-from .family import FamilyCheck, SelfCheckTool
+from ..tools import named_call
+from ..types import Message, ParsedTurn, ParseError, ToolResult
+from .family import FamilyCheck, SelfCheckTool, tool_role_messages
 
 __all__ = ["MistralFamily"]
 
@@ -240,25 +240,14 @@ class MistralFamily:
                 errors.append(ParseError('a tool call without a "name"; write {"name": "<tool>", "arguments": {...}}',
                                          json.dumps(call, ensure_ascii=False, default=str)[:200]))
                 continue
-            arguments = call.get("arguments", {})
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments)
-                except (ValueError, RecursionError):
-                    arguments = None
             call_id = self._call_id(call.get("id"), len(context_ids), k)
             if any(c.id == call_id for c in calls):
                 call_id = self._call_id(None, len(context_ids), k)
-            problem = arguments_problem(arguments) if arguments is not None else "arguments are not valid JSON"
-            if problem is not None:
-                calls.append(ToolCall(name, {}, call_id, invalid=f"the arguments of {name!r} cannot be used: "
-                                                                  f"{problem}; write them as one JSON object"))
-                continue
-            calls.append(ToolCall(name, arguments, call_id))
+            calls.append(named_call(name, call.get("arguments", {}), call_id))
         return ParsedTurn(text=text, content=content, tool_calls=calls, errors=errors)
 
     def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
-        return [Message(role="tool", content=r.content, name=r.name, tool_call_id=r.call_id or None) for r in results]
+        return tool_role_messages(results)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)

@@ -30,9 +30,9 @@ import json
 from typing import Any, ClassVar, Sequence
 
 from ..errors import ModelError, one_line
-from ..tools import arguments_problem
-from ..types import Message, ParsedTurn, ParseError, ToolCall, ToolResult
-from .family import FamilyCheck, SelfCheckTool
+from ..tools import named_call
+from ..types import Message, ParsedTurn, ParseError, ToolResult
+from .family import FamilyCheck, SelfCheckTool, tool_role_messages
 
 __all__ = ["RenderersFamily", "RENDERERS_FAMILIES"]
 
@@ -248,27 +248,17 @@ class RenderersFamily:
                 errors.append(ParseError(f"malformed tool call ({getattr(call.status, 'value', call.status)}); write "
                                          f"it in the {self.name} format", raw))
                 continue
-            arguments = None if call.status == self._invalid_json else call.arguments
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments)
-                except (ValueError, RecursionError):
-                    arguments = None
-            problem = arguments_problem(arguments) if arguments is not None else "arguments are not valid JSON"
             call_id = call.id if isinstance(call.id, str) and call.id else f"call_{k}"
             if any(c.id == call_id for c in calls):
                 call_id = f"call_{k}"
-            if problem is not None:  # the tool is known: the tool manager answers invalid_arguments
-                calls.append(ToolCall(call.name, {}, call_id, invalid=f"the arguments of {call.name!r} cannot be "
-                                                                      f"used: {problem}; write them as one JSON object"))
-                continue
-            calls.append(ToolCall(call.name, arguments, call_id))
+            # the tool is known: arguments it cannot take are answered invalid_arguments
+            calls.append(named_call(call.name, None if call.status == self._invalid_json else call.arguments, call_id))
         reasoning = parsed.reasoning_content if isinstance(parsed.reasoning_content, str) else None
         return ParsedTurn(text=text, content=str(parsed.content or "").strip(), reasoning=reasoning,
                           tool_calls=calls, errors=errors)
 
     def tool_messages(self, results: Sequence[ToolResult]) -> list[Message]:
-        return [Message(role="tool", content=r.content, name=r.name, tool_call_id=r.call_id or None) for r in results]
+        return tool_role_messages(results)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)

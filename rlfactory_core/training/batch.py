@@ -30,8 +30,7 @@ __all__ = ["to_tensordict", "build_batch", "turn_reward_tensor", "rows_of", "mic
 def sequence_rows(trajectories: Sequence[Any]) -> list[tuple[int, Any]]:
     """The batch's rows: ``(trajectory index, token sequence)`` for every sequence of every
     trajectory, in order."""
-    return [(index, sequence) for index, trajectory in enumerate(trajectories)
-            for sequence in getattr(trajectory, "sequences", None) or [trajectory]]
+    return [(index, sequence) for index, trajectory in enumerate(trajectories) for sequence in trajectory.sequences]
 
 
 def trajectory_rows(batch: Any) -> list[list[int]]:
