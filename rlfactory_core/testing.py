@@ -17,7 +17,8 @@ A plugin's tests check that it is found through its entry point with
 with ``installed_plugins()``. ``ScriptedBackend`` writes scripted model turns (text or token
 ids, per call or per prompt) where a test needs a model's turns but not a model, and
 ``scripted_backend(...)`` makes every backend a run builds a scripted one (``rlf eval`` in
-process). ``HookCallRecorder`` records which hooks were called (pluggy's hook-call
+process). ``build_tiny_model`` saves a tiny random model of an architecture with a real
+tokenizer; ``shared_tokenizer(name)`` loads an offline tokenizer once per process. ``HookCallRecorder`` records which hooks were called (pluggy's hook-call
 monitoring): the root ``conftest.py`` uses it to fail a whole test session in which some
 hook was never called.
 
@@ -29,6 +30,7 @@ re-exported here).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import inspect
 import os
@@ -52,6 +54,7 @@ __all__ = [
     "scripted_backend",
     "HookCallRecorder",
     "build_tiny_model",
+    "shared_tokenizer",
     "TINY_ARCHITECTURES",
     "build_tiny_vision_model",
     "VISION_CHAT_TEMPLATE",
@@ -338,6 +341,25 @@ class HookCallRecorder:
 TINY_ARCHITECTURES = ("llama", "qwen3", "gpt_oss", "deepseek_v3")
 
 
+@functools.cache
+def _shared_tokenizer(name: str) -> Any:
+    from .models import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+def shared_tokenizer(name: str) -> Any:
+    """The offline tokenizer ``name`` (:data:`~rlfactory_core.models.TOKENIZER_SOURCES`),
+    loaded once per process and shared by every caller (a large vocabulary takes seconds to
+    load): for tests that only read it. A test that changes a tokenizer (adds tokens, sets a
+    template) loads its own with :func:`~rlfactory_core.models.load_tokenizer`."""
+    from .models import TOKENIZER_SOURCES
+
+    if name not in TOKENIZER_SOURCES:
+        raise ValueError(f"{name!r} is not an offline tokenizer: one of {', '.join(TOKENIZER_SOURCES)}")
+    return _shared_tokenizer(name)
+
+
 def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_size: int = 32,
                      architecture: str = "llama") -> Any:
     """Save a tiny, random decoder (3 layers of ``hidden_size`` in 2 heads; vLLM's CPU
@@ -354,12 +376,13 @@ def build_tiny_model(dest: Any, tokenizer_source: Any, *, seed: int = 0, hidden_
     import torch
     from transformers import AutoModelForCausalLM, DeepseekV3Config, GptOssConfig, LlamaConfig, Qwen3Config
 
-    from .models import load_tokenizer
+    from .models import TOKENIZER_SOURCES, load_tokenizer
 
     if architecture not in TINY_ARCHITECTURES:
         raise ValueError(f"architecture {architecture!r}: build_tiny_model builds {', '.join(TINY_ARCHITECTURES)}")
     dest = Path(dest)
-    tokenizer = load_tokenizer(tokenizer_source)
+    named = isinstance(tokenizer_source, str) and tokenizer_source in TOKENIZER_SOURCES
+    tokenizer = shared_tokenizer(tokenizer_source) if named else load_tokenizer(tokenizer_source)
     torch.manual_seed(seed)
     common = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,

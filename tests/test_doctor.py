@@ -41,11 +41,10 @@ def test_doctor_json_lists_every_check_and_exits_0(rlf, default_model_dir):
 @pytest.mark.parametrize(("model", "name"), [("qwen3", "qwen3"), ("gpt-oss", "gpt-oss"), ("mistral-v7", "mistral")])
 def test_doctor_names_a_models_family_and_checks_it(model, name):
     # the checks `rlf doctor --model` runs (the command itself: the tests above)
-    family = doctor_cmd._model_family(model)
+    family, template = doctor_cmd._model_checks(model)
     assert family.status == "ok", family
     assert family.detail.startswith(f"{model}: {name} (auto: the tokenizer has its anchor tokens): token-exact")
     # an offline tokenizer has no chat template: said, not a failure
-    template = doctor_cmd._chat_template(model)
     assert template.status == "missing" and "no chat template" in template.detail
 
 
@@ -119,3 +118,12 @@ def test_doctor_reports_a_template_that_cannot_be_token_exact(rlf, tiny_model_di
     check = {c["name"]: c for c in json.loads(out)}["chat-template"]
     assert check["status"] == "broken"
     assert "rewrites earlier turns" in check["detail"]
+
+
+def test_a_model_whose_tokenizer_does_not_load_breaks_both_model_checks(tmp_path):
+    missing = tmp_path / "no-such-model"
+    family, template = doctor_cmd._model_checks(str(missing))
+    assert [family.name, template.name] == ["model-family", "chat-template"]
+    assert family.status == template.status == "broken"
+    assert family.detail == template.detail and family.detail.startswith(f"{missing}: ")
+    assert "\n" not in family.detail

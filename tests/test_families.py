@@ -21,7 +21,7 @@ from rlfactory_core.plugins import components
 from rlfactory_core.rollout import TemplateFamily
 from rlfactory_core.training.checkpoint import latest_checkpoint
 from rlfactory_core.testing import (TINY_ARCHITECTURES, ScriptedBackend, build_tiny_model, registered_plugin,
-                                    scripted_backend, train)
+                                    scripted_backend, shared_tokenizer, train)
 
 BUILT_IN = {"template", "qwen3", "llama3", "gpt-oss", "deepseek-v3", "deepseek-r1", "deepseek-v4", "glm45", "mistral"}
 NO_TASK = SimpleNamespace(parser=None)
@@ -41,7 +41,7 @@ def test_the_built_in_families_are_components_of_the_plugin_manager():
                                                  ("deepseek-v4", "deepseek-v4"), ("mistral-v3", "mistral"),
                                                  ("mistral-tekken", "mistral")])
 def test_auto_picks_the_family_whose_anchor_tokens_the_tokenizer_has(source, family):
-    tokenizer = load_tokenizer(source)
+    tokenizer = shared_tokenizer(source)
     choice = choose_family(_config(), tokenizer)
     assert (choice.name, choice.reason) == (family, "auto: the tokenizer has its anchor tokens")
     built = build_family(_config(), NO_TASK, tokenizer)
@@ -60,9 +60,9 @@ def test_the_embedded_model_keeps_its_own_chat_template(default_model_dir):
 def test_a_family_the_tokenizer_contradicts_is_refused_before_the_run():
     with pytest.raises(ConfigError, match=r"model.family: the model's tokenizer is not llama3's "
                                           r"\(<\|begin_of_text\|> is not a token; "):
-        choose_family(_config("model.family=llama3"), load_tokenizer("qwen3"))
+        choose_family(_config("model.family=llama3"), shared_tokenizer("qwen3"))
     with pytest.raises(ConfigError, match=r"model.family: no family named 'llama9' \(available: deepseek-r1, "):
-        choose_family(_config("model.family=llama9"), load_tokenizer("qwen3"))
+        choose_family(_config("model.family=llama9"), shared_tokenizer("qwen3"))
 
 
 def test_the_runs_tool_format_decides_between_a_family_and_the_template(default_model_dir):
@@ -95,7 +95,7 @@ def test_a_template_variable_the_chat_template_never_reads_is_an_error(default_m
 
 
 def test_family_options_reach_the_renderer_and_wrong_ones_are_named():
-    tokenizer = load_tokenizer("qwen3")
+    tokenizer = shared_tokenizer("qwen3")
     family = build_family(_config("model.family=qwen3", "model.family_options={enable_thinking: false}"), NO_TASK,
                           tokenizer)
     assert family.renderer.config.enable_thinking is False
@@ -256,7 +256,7 @@ def test_a_checkpoints_family_and_tokenizer_are_kept(tmp_path, default_model_dir
     with pytest.raises(ConfigError, match=r"model.family: 'template', but checkpoint"):
         with_recorded_family(_config("model.family=template"), checkpoint, tokenizer)
     with pytest.raises(ConfigError, match=r"model.name: the tokenizer is not the one checkpoint .* was trained with"):
-        with_recorded_family(_config(), checkpoint, load_tokenizer("qwen3"))
+        with_recorded_family(_config(), checkpoint, shared_tokenizer("qwen3"))
     # a checkpoint from before families were recorded: the config decides
     (checkpoint / "state.json").write_text(json.dumps({"step": 3}))
     assert with_recorded_family(_config("model.family=template"), checkpoint, tokenizer).model.family == "template"

@@ -28,7 +28,7 @@ from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.plugins import get_component
 from rlfactory_core.rollout import RolloutConfig, run_trajectory
-from rlfactory_core.testing import ScriptedBackend, markup_cases
+from rlfactory_core.testing import ScriptedBackend, markup_cases, shared_tokenizer
 from rlfactory_core.tools import function_tool
 from rlfactory_core.types import EnvReset, EnvStep, Message
 
@@ -66,10 +66,10 @@ GLM_MARKUP = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|
 @functools.lru_cache(maxsize=None)
 def _tokenizer(name: str):
     if name == "glm-look-alike":
-        tokenizer = load_tokenizer("qwen3")
+        tokenizer = load_tokenizer("qwen3")  # its own copy: tokens are added
         tokenizer.add_special_tokens({"additional_special_tokens": GLM_MARKUP})
         return tokenizer
-    return load_tokenizer(name)  # one load per module: each is seconds
+    return shared_tokenizer(name)  # one load per test session: each is seconds
 
 
 def _tools():

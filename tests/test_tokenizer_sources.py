@@ -22,6 +22,7 @@ import pytest
 from rlfactory_core.errors import ModelError
 from rlfactory_core.models import TOKENIZER_SOURCES, load_tokenizer, prepare_tokenizer
 from rlfactory_core.models import tokenizer_sources
+from rlfactory_core.testing import shared_tokenizer
 
 # No special-token text here: each encoder treats that its own way (tested through the anchors).
 HAND_WRITTEN = [
@@ -64,7 +65,7 @@ def corpus() -> list[str]:
 
 @pytest.fixture(scope="module")
 def built():
-    return {name: load_tokenizer(name) for name in TOKENIZER_SOURCES}
+    return {name: shared_tokenizer(name) for name in TOKENIZER_SOURCES}  # load_tokenizer, once per session
 
 
 def _ranks_encoding(name: str, pattern: str, vocab: str):

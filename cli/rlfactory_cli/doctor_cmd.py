@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import IO, Annotated, Optional
+from typing import IO, Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -190,26 +190,40 @@ def _default_model() -> Check:
                  f"{DEFAULT_MODEL} not prepared yet: `rlf models prepare` (or first use) converts it")
 
 
-def _chat_template(model: Optional[str]) -> Check:
+def _model_checks(model: Optional[str]) -> list[Check]:
+    """``model-family`` and ``chat-template`` for ``model`` (the embedded model by default),
+    on one load of its tokenizer (seconds for a large vocabulary)."""
+    from rlfactory_core.errors import RLFactoryError
+    from rlfactory_core.models import DEFAULT_MODEL, is_prepared, load_tokenizer
+
+    if model is None:
+        if not is_prepared(DEFAULT_MODEL):
+            detail = f"checked once {DEFAULT_MODEL} is prepared (or name one with --model)"
+            return [Check(name, "missing", False, None, detail) for name in ("model-family", "chat-template")]
+        model = DEFAULT_MODEL
+    try:
+        tokenizer = load_tokenizer(model)
+    except RLFactoryError as exc:
+        detail = f"{model}: {exc.message}"
+    except Exception as exc:  # noqa: BLE001 - a diagnostic reports, it does not crash
+        detail = f"{model}: {one_line(exc, limit=200)}"
+    else:
+        return [_model_family(model, tokenizer), _chat_template(model, tokenizer)]
+    return [Check(name, "broken", False, None, detail) for name in ("model-family", "chat-template")]
+
+
+def _chat_template(model: str, tokenizer: Any) -> Check:
     """Whether ``model``'s chat template gives token-exact trajectories (the rollout's
     observation deltas, checked against re-tokenizing the rendered conversation) in which a
     tool result holding the template's own markup stays text (adds no special token)."""
     from rlfactory_core.errors import RLFactoryError
-    from rlfactory_core.models import DEFAULT_MODEL, is_prepared
 
-    if model is None:
-        if not is_prepared(DEFAULT_MODEL):
-            return Check("chat-template", "missing", False, None,
-                         f"checked once {DEFAULT_MODEL} is prepared (or name one with --model)")
-        model = DEFAULT_MODEL
+    if not getattr(tokenizer, "chat_template", None):
+        return Check("chat-template", "missing", False, None,
+                     f"{model}: no chat template (a family of its own renders it: model-family)")
     try:
-        from rlfactory_core.models import load_tokenizer
         from rlfactory_core.rollout.render import ChatTemplate, self_check
 
-        tokenizer = load_tokenizer(model)
-        if not getattr(tokenizer, "chat_template", None):
-            return Check("chat-template", "missing", False, None,
-                         f"{model}: no chat template (a family of its own renders it: model-family)")
         report = self_check(ChatTemplate(tokenizer))
     except RLFactoryError as exc:
         return Check("chat-template", "broken", False, None, f"{model}: {exc.message}")
@@ -218,7 +232,7 @@ def _chat_template(model: Optional[str]) -> Check:
     return Check("chat-template", "ok" if report.ok else "broken", False, None, f"{model}: {report.describe()}")
 
 
-def _model_family(model: Optional[str]) -> Check:
+def _model_family(model: str, tokenizer: Any) -> Check:
     """The family ``rlf train`` would render ``model`` with (``model.family: auto``) and,
     for a family other than ``template`` (whose check is ``chat-template``), its own
     token-exactness check."""
@@ -228,17 +242,10 @@ def _model_family(model: Optional[str]) -> Check:
     from rlfactory_core.errors import RLFactoryError
     from rlfactory_core.families import build_family, choose_family
     from rlfactory_core.interfaces import member
-    from rlfactory_core.models import DEFAULT_MODEL, is_prepared, load_tokenizer
     from rlfactory_core.plugins import get_component
 
-    if model is None:
-        if not is_prepared(DEFAULT_MODEL):
-            return Check("model-family", "missing", False, None,
-                         f"checked once {DEFAULT_MODEL} is prepared (or name one with --model)")
-        model = DEFAULT_MODEL
     try:
         config = RunConfig()
-        tokenizer = load_tokenizer(model)
         choice = choose_family(config, tokenizer)
         if choice.name == "template":
             return Check("model-family", "ok", False, None, f"{model}: {choice.describe()}; checked by chat-template")
@@ -265,7 +272,7 @@ def run_checks(model: Optional[str] = None) -> list[Check]:
         *(_imported_in_process(name, name, name, True) for name in ("transformers", "pluggy", "typer")),
     ]
     checks += _finish_optional_imports(started)
-    checks += [_embedded_package(), _default_model(), _model_family(model), _chat_template(model)]
+    checks += [_embedded_package(), _default_model(), *_model_checks(model)]
     return checks
 
 
