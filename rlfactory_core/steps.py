@@ -176,7 +176,9 @@ async def end_step(run: Run, step: int, rollout: StepRollout, update: StepUpdate
     assembled = rollout.assembled
     metrics = {**_step_metrics(config, assembled.trajectories, assembled.scored, update, times),
                **assembled.metrics, **update.stats, **synced}
-    for warning in _step_warnings(config, run.task.offers_tools, step, metrics, assembled.scored.totals):
+    reader = (f"the {run.family.name} family's call parsing" if run.family is not None and run.family.name != TEMPLATE
+              else f"the parser ({config.parser})")
+    for warning in _step_warnings(config, run.task.offers_tools, reader, step, metrics, assembled.scored.totals):
         run.view.warn(warning)
     if config.eval.every and step % config.eval.every == 0 or step == config.train.steps:
         run.view.phase("eval")
@@ -282,13 +284,14 @@ def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, u
     return metrics
 
 
-def _step_warnings(config: RunConfig, offers_tools: bool, step: int, metrics: dict[str, float],
+def _step_warnings(config: RunConfig, offers_tools: bool, reader: str, step: int, metrics: dict[str, float],
                    totals: Sequence[float]) -> list[str]:
-    """Loud warnings: no tool call although tools are offered; nothing to learn."""
+    """Loud warnings: no tool call although tools are offered (``reader``: what reads the calls
+    from the model's turns); nothing to learn."""
     warnings = []
     if offers_tools and config.logging.no_tool_call_warning and metrics["rollout/tool_calls"] == 0:
         warnings.append(f"step {step}: the model made no tool call in {len(totals)} trajectories although the "
-                        f"env offers tools; check the parser ({config.parser}) and the prompt, or add a format "
+                        f"env offers tools; check {reader} and the prompt, or add a format "
                         "reward / few-shot turns")
     if metrics["reward/constant_groups"] == 1.0:
         warnings.append(f"step {step}: every group's rewards are constant (all {totals[0]:g}): nothing to learn "
