@@ -34,7 +34,8 @@ from .plugins import get_component
 from .text import last_tag_content, tag_contents, without_reasoning
 from .threads import run_in_tool_thread
 from .tool_resolution import resolve_tools
-from .tools import ToolArgumentsError, TransientToolError, function_tool
+from .outcomes import CALL_ERRORS, OUTCOMES, outcome_of
+from .tools import InfrastructureError, ToolArgumentsError, TransientToolError, function_tool
 from .types import (
     EnvReset,
     EnvStep,
@@ -127,6 +128,11 @@ __all__ = [
     "run_in_tool_thread",
     "ToolArgumentsError",
     "TransientToolError",
+    "InfrastructureError",
+    # whose failure a trajectory's end was (rlfactory_core.outcomes)
+    "OUTCOMES",
+    "outcome_of",
+    "CALL_ERRORS",
     # text of model turns
     "tag_contents",
     "last_tag_content",

@@ -19,6 +19,7 @@ from .data import load_samples
 from .engines.base import rollout_config_for
 from .engines.local import LocalRollout
 from .families import with_recorded_family
+from .outcomes import outcome_metrics
 from .task import build_task
 
 __all__ = ["evaluate", "run_eval", "accuracy_by_kind", "tool_metrics", "eval_summary"]
@@ -83,6 +84,7 @@ async def run_eval(step: int, samples: Sequence[Any], engine: Any, config: RunCo
         samples, rollout_config_for(config, -1, temperature=config.eval.temperature), group_size=1, rewards="eval",
         priority=step)  # the trainer waits for it: before the rollouts of later steps
     metrics = scored.metrics("eval/reward")
+    metrics.update(outcome_metrics("eval/outcome", scored.outcomes, scored.correct))
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(tool_metrics("eval/tools", rollout_stats, trajectories))
     metrics.update({k.replace("rollout/", "eval/rollout/"): v for k, v in rollout_stats.items()})

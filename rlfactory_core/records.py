@@ -55,6 +55,7 @@ from typing import Any, Iterable, Sequence
 
 from ._fs import fsync_dir, temp_path_beside
 from .errors import RLFactoryError
+from .outcomes import ERROR_STOPS
 
 __all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
            "SCALAR_COLUMNS", "scalar_schema", "PROMPT", "MODEL", "OBSERVATION"]
@@ -148,7 +149,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
             "turn_rewards": [float(r) for r in trajectory.turn_rewards],
             "advantage": None if advantages is None else float(advantages[in_batch[0]]),
             "stop_reason": trajectory.stop_reason,
-            "outcome": "error" if trajectory.stop_reason in ("env_error", "generation_error") else "ok",
+            "outcome": "error" if trajectory.stop_reason in ERROR_STOPS else "ok",
             "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
             "num_turns": trajectory.num_turns, "num_tokens": sum(len(q["token_ids"]) for q in sequences),

@@ -34,6 +34,9 @@ longer than its ``timeout_s`` is a reward error: it scores the reward's ``fallba
 for that trajectory, is counted (``reward/errors``, ``reward/errors/<name>``) and written to
 :attr:`ScoredBatch.reward_errors` (and the eval samples' ``reward_errors``), and the step goes on.
 
+Outcomes: with the scores, each trajectory gets its one outcome (:mod:`rlfactory_core.outcomes`:
+how it ended and whose failure it was, a reward error included) in :attr:`ScoredBatch.outcomes`.
+
 Concurrency: each reward scores at most ``max_concurrency`` trajectories at a time (a judge
 model's endpoint sets how many requests it takes; a rule needs no limit). A synchronous
 reward that times out is abandoned, not stopped: its (daemon) thread runs to its end, and
@@ -53,6 +56,8 @@ from typing import Any, Sequence
 
 from .errors import ConfigError, RLFactoryError, one_line
 from .interfaces import accepts, member
+from .outcomes import POLICY, Side, outcome_of
+from .outcomes import STOP_REASONS as OUTCOME_STOPS
 from .threads import DaemonThreadPool
 from .types import RewardOutput, Sample, ToolCall, ToolResult, Trajectory
 
@@ -99,14 +104,18 @@ class ScoredBatch:
     turn_rewards: list[list[float]] = field(default_factory=list)
     # per trajectory: "<reward>: <why>" for each reward that failed on it (it scored its fallback)
     reward_errors: list[list[str]] = field(default_factory=list)
+    # per trajectory: its outcome (rlfactory_core.outcomes); None where no reward layer scored it
+    outcomes: list[str | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # one entry per trajectory, whoever built the batch (an engine merging workers' parts)
         self.turn_rewards = self.turn_rewards or [[] for _ in self.totals]
         self.reward_errors = self.reward_errors or [[] for _ in self.totals]
-        if not len(self.totals) == len(self.turn_rewards) == len(self.reward_errors):
+        self.outcomes = self.outcomes or [None for _ in self.totals]
+        if not len(self.totals) == len(self.turn_rewards) == len(self.reward_errors) == len(self.outcomes):
             raise ValueError(f"a ScoredBatch of {len(self.totals)} trajectories has {len(self.turn_rewards)} "
-                             f"turn-reward rows and {len(self.reward_errors)} reward-error rows")
+                             f"turn-reward rows, {len(self.reward_errors)} reward-error rows and "
+                             f"{len(self.outcomes)} outcomes")
 
     @classmethod
     def concat(cls, parts: Sequence[ScoredBatch]) -> ScoredBatch:
@@ -119,7 +128,8 @@ class ScoredBatch:
         return cls(totals=[t for p in parts for t in p.totals], components=[c for p in parts for c in p.components],
                    correct=[c for p in parts for c in p.correct], errors=errors, applied=applied,
                    turn_rewards=[r for p in parts for r in p.turn_rewards],
-                   reward_errors=[e for p in parts for e in p.reward_errors])
+                   reward_errors=[e for p in parts for e in p.reward_errors],
+                   outcomes=[o for p in parts for o in p.outcomes])
 
     def select(self, rows: Sequence[int]) -> ScoredBatch:
         """The batch of the trajectories ``rows``, in that order; ``errors`` and ``applied``
@@ -134,7 +144,8 @@ class ScoredBatch:
         return ScoredBatch(totals=[self.totals[r] for r in rows], components=[self.components[r] for r in rows],
                            correct=[self.correct[r] for r in rows], errors=errors, applied=applied,
                            turn_rewards=[self.turn_rewards[r] for r in rows],
-                           reward_errors=[self.reward_errors[r] for r in rows])
+                           reward_errors=[self.reward_errors[r] for r in rows],
+                           outcomes=[self.outcomes[r] for r in rows])
 
     def metrics(self, prefix: str) -> dict[str, float]:
         """``<prefix>/mean``, ``/std``, ``/accuracy`` (when known), ``/errors``, each
@@ -183,9 +194,10 @@ class RewardLayer:
     """The configured rewards of a run, scoring batches of trajectories (see the module
     docstring). Build it with :func:`build_reward_layer`; :meth:`close` it at the end."""
 
-    def __init__(self, scorers: Sequence[_Scorer], tool_manager: Any = None):
+    def __init__(self, scorers: Sequence[_Scorer], tool_manager: Any = None, tool_exception_side: Side = POLICY):
         self._scorers = list(scorers)
         self._tool_manager = tool_manager
+        self._tool_exception_side = tool_exception_side
 
     @property
     def names(self) -> list[str]:
@@ -194,8 +206,8 @@ class RewardLayer:
     async def score(self, trajectories: Sequence[Trajectory], samples: Sequence[Sample]) -> ScoredBatch:
         """Score every trajectory (``samples[i]`` is trajectory ``i``'s sample) with every
         reward, all at once within each reward's concurrency limit. The trajectories are not
-        changed: everything the rewards say is in the returned batch (per-turn rewards and
-        reward errors too). Never raises for a failing reward."""
+        changed: everything the rewards say is in the returned batch (per-turn rewards, reward
+        errors and each trajectory's outcome too). Never raises for a failing reward."""
         errors: Counter[str] = Counter()
         batch = ScoredBatch(totals=[0.0] * len(trajectories), components=[{} for _ in trajectories],
                             correct=[None] * len(trajectories), errors=errors,
@@ -228,7 +240,18 @@ class RewardLayer:
                                   [scorer.weight * r for r in output.turn_rewards])
 
         await asyncio.gather(*(one(row, scorer) for scorer in self._scorers for row in range(len(trajectories))))
+        batch.outcomes = [self._outcome(t, bool(failed)) for t, failed in zip(trajectories, batch.reward_errors)]
         return batch
+
+    def _outcome(self, trajectory: Trajectory, reward_failed: bool) -> str | None:
+        """The trajectory's outcome; None for one that never got a stop reason of the core
+        (built by hand, or by a plugin's own loop): unclassified, never a failed step."""
+        if trajectory.stop_reason not in OUTCOME_STOPS:
+            if trajectory.stop_reason:
+                log.warning("trajectory %s: stop reason %r is not one of the core's (%s): its outcome is not "
+                            "classified", trajectory.sample_id, trajectory.stop_reason, ", ".join(OUTCOME_STOPS))
+            return None
+        return outcome_of(trajectory, reward_failed=reward_failed, unmarked_exception=self._tool_exception_side)
 
     async def _call(self, scorer: _Scorer, trajectory: Trajectory, sample: Sample) -> RewardOutput | None:
         kwargs = {}
@@ -315,14 +338,16 @@ def _add_turn_rewards(total: list[float], turns: int, rewards: Sequence[float]) 
         total[i] += float(reward)
 
 
-def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None, *, make_reward: Any = None) -> RewardLayer:
+def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None, *, make_reward: Any = None,
+                       tool_exception_side: Side = POLICY) -> RewardLayer:
     """The reward layer of ``specs`` (the config's ``rewards`` list: name, weight,
     options, timeout_s, fallback, max_concurrency). Every problem (an unknown reward,
     options a reward does not take, a reward that fails to start) is reported at once.
 
     ``make_reward(spec)``, when given, may return the object that scores ``spec`` instead
     of the registered class built with its options (the ray engine's judge pool stand-in);
-    ``None`` builds the registered one."""
+    ``None`` builds the registered one. ``tool_exception_side``: the side of a plain
+    exception a tool raised (``rollout.tool_exception_side``; :mod:`rlfactory_core.outcomes`)."""
     from .plugins import get_component
 
     scorers, problems = [], []
@@ -348,4 +373,4 @@ def build_reward_layer(specs: Sequence[Any], tool_manager: Any = None, *, make_r
                                is_async=inspect.iscoroutinefunction(reward.score)))
     if problems:
         raise ConfigError(problems)
-    return RewardLayer(scorers, tool_manager)
+    return RewardLayer(scorers, tool_manager, tool_exception_side)

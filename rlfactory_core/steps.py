@@ -24,13 +24,14 @@ from .config import RunConfig
 from .data import indices_at, untrained_positions
 from .engines import rollout_config_for
 from .evaluation import eval_summary, tool_metrics
+from .families import TEMPLATE
+from .outcomes import outcome_metrics
 from .records import trajectory_records, write_records
 from .rollout import rollout_metrics
 from .run import Run
 from .stopping import PhaseDropped
 from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch, trajectory_rows
-from .families import TEMPLATE
 from .training.cold_start import collect_examples, example_batch
 from .training.overlong import overlong_metrics, with_overlong_penalty
 
@@ -265,6 +266,7 @@ def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, u
     """The step's rewards, advantages, rollout and tool statistics and throughputs."""
     advantages = update.advantages
     metrics = scored.metrics("reward")
+    metrics.update(outcome_metrics("outcome", scored.outcomes, scored.correct))
     groups: dict[int, list[float]] = {}
     for trajectory, total in zip(trajectories, scored.totals):
         groups.setdefault(trajectory.group, []).append(total)

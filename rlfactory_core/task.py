@@ -96,9 +96,10 @@ def build_task(config: RunConfig, *, shared_tools: dict[str, Any] | None = None,
         raise
     except Exception as exc:  # noqa: BLE001 - as for the env: the options were refused
         raise ConfigError([f"tool_manager.options: {one_line(exc)}"]) from exc
-    rewards = build_reward_layer(config.rewards, tool_manager, make_reward=make_reward)
+    side = config.rollout.tool_exception_side
+    rewards = build_reward_layer(config.rewards, tool_manager, make_reward=make_reward, tool_exception_side=side)
     eval_rewards = rewards if config.eval.rewards is None else build_reward_layer(
-        config.eval.rewards, tool_manager, make_reward=make_reward)
+        config.eval.rewards, tool_manager, make_reward=make_reward, tool_exception_side=side)
     return Task(env=env, parser=parser, tool_manager=tool_manager, rewards=rewards, eval_rewards=eval_rewards,
                  offers_tools=bool(tools))
 

@@ -30,6 +30,7 @@ __all__ = [
     "function_tool",
     "ToolArgumentsError",
     "TransientToolError",
+    "InfrastructureError",
     "invalid_text",
     "arguments_problem",
     "named_call",
@@ -46,7 +47,19 @@ class TransientToolError(Exception):
     """Raise from a tool for a failure worth retrying (rate limit, flaky backend).
 
     The tool manager retries it a bounded number of times, as it does ``ConnectionError``
-    and a returned ``ToolResult(error=..., transient=True)``.
+    and a returned ``ToolResult(error=..., transient=True)``; once the retries are spent the
+    trajectory's outcome is ``tool_unavailable``, the infrastructure's
+    (:mod:`rlfactory_core.outcomes`).
+    """
+
+
+class InfrastructureError(Exception):
+    """Raise from a tool when its service failed, not the call (a 5xx, a server that is
+    down, a lost connection), and retrying now would not help.
+
+    The result is an ``exception`` marked ``infrastructure=True``: the trajectory's outcome is
+    ``tool_infra_error``, never trained as the model's mistake. A plain exception is the
+    call's fault by default (:mod:`rlfactory_core.outcomes`).
     """
 
 

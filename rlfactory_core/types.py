@@ -100,6 +100,10 @@ class ToolResult:
     ``content`` is the text the model will see. ``error`` is set when the call failed
     (unknown tool, invalid arguments, timeout, exception); the content then explains the
     failure to the model so it can recover. ``transient`` marks errors worth retrying.
+    ``infrastructure``, for a failure: ``True`` when the tool's service failed (down, a
+    5xx, a lost connection: not the call's fault, never trained as the model's mistake),
+    ``False`` when the call did; ``None`` (unmarked): decided by the error kind
+    (:mod:`rlfactory_core.outcomes`).
     """
 
     name: str
@@ -108,6 +112,7 @@ class ToolResult:
     error: str | None = None
     transient: bool = False
     latency_s: float = 0.0
+    infrastructure: bool | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -34,7 +34,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __version__ = VERSION
 
 #: the version of the plugin API this rlfactory provides (see the module docstring)
-PLUGIN_API_VERSION = "1.2"
+PLUGIN_API_VERSION = "1.3"
 #: the attribute in which a plugin declares the plugin API versions it supports
 API_ATTRIBUTE = "rlfactory_api"
 

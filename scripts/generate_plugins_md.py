@@ -190,6 +190,37 @@ family.
 
 """
 
+FAILURES_TEXT = """\
+## Failures: the model's or the service's
+
+Every trajectory ends with one outcome (`rlfactory_core.outcomes`, the table in its
+docstring): the policy's (`answered`, `no_answer`, `max_turns`, `token_budget`,
+`malformed_call`, `unknown_tool`, `invalid_arguments`, `tool_error_caused_by_call`) or the
+infrastructure's (`tool_timeout`, `tool_unavailable`, `tool_infra_error`, `backend_error`,
+`env_error`, `reward_error`). A timed-out search is not a wrong answer, and training must
+not treat it as one. What a tool author does:
+
+- A failure of the service, not of the call (a 5xx, a server that is down, a lost
+  connection): raise `TransientToolError` when a retry may help (the tool manager retries it;
+  once the retries are spent the outcome is `tool_unavailable`), `InfrastructureError` when it
+  will not (`tool_infra_error`), or return `ToolResult(error=..., infrastructure=True)`.
+- A failure of what the model asked (an SQL error, a refused write, a query over a row or
+  time limit the tool sets, a missing file): return `ToolResult(error="<your kind>",
+  infrastructure=False)`, raise `ToolArgumentsError` for arguments the tool rejects, or raise
+  any other exception.
+- A plain exception is the call's fault by default: most are (a bad path, a bad value). A run
+  whose tools raise plain exceptions for outages sets `rollout.tool_exception_side:
+  infrastructure`.
+
+The tool manager's own `timeout_s` (the tool did not answer in time) is the infrastructure's;
+a limit the tool applies to what the model asked for is the policy's. Rewards that count the
+model's malformed calls read `rlfactory_core.CALL_ERRORS` (`unknown_tool`,
+`invalid_arguments`), never timeouts or crashes; `rlfactory_core.outcome_of(trajectory)` gives
+a finished trajectory's outcome. `rollout.on_tool_error: penalty` penalises the policy's
+failures only.
+
+"""
+
 MIGRATION_TEXT = """\
 ## Moving a plugin to the 0.2 layout
 
@@ -370,6 +401,7 @@ def render() -> str:
     if missing:
         raise SystemExit(f"hooks outside any PLUGINS.md group: {missing}; add a group in {__file__}")
     parts.append(FAMILIES_TEXT)
+    parts.append(FAILURES_TEXT)
     parts.append(migration())
     return "".join(parts).rstrip() + "\n"
 

@@ -132,7 +132,7 @@ def test_every_first_party_plugin_declares_the_api_it_supports(rendered_template
 @pytest.mark.parametrize(("declared", "problem"), [
     (">=1.0,<2", None),
     (None, None),
-    (">=99", r"needs plugin API '>=99' but rlfactory \S+ provides plugin API 1\.2: upgrade rlfactory"),
+    (">=99", r"needs plugin API '>=99' but rlfactory \S+ provides plugin API 1\.3: upgrade rlfactory"),
     ("<1.0", r"needs plugin API '<1.0' .*: upgrade the plugin"),
     ("==0.9", r"upgrade the plugin"),
     ("~=99.0", r"upgrade rlfactory"),
@@ -140,7 +140,7 @@ def test_every_first_party_plugin_declares_the_api_it_supports(rendered_template
     (1.0, r"declares rlfactory_api = 1.0, which is not a version range: write it as a string"),
 ])
 def test_api_version_problem_says_what_to_do(declared, problem):
-    assert PLUGIN_API_VERSION == "1.2"
+    assert PLUGIN_API_VERSION == "1.3"
 
     class Plugin:
         rlfactory_api = declared

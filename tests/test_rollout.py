@@ -16,7 +16,7 @@ import asyncio
 import pytest
 
 from rlfactory_arithmetic import ArithmeticEnv
-from rlfactory_core import hookimpl
+from rlfactory_core import InfrastructureError, hookimpl
 from rlfactory_core.default_plugins.tool_managers import ConcurrentToolManager
 from rlfactory_core.models import load_tokenizer
 from rlfactory_core.plugins import get_component
@@ -328,6 +328,22 @@ async def test_parse_errors_are_observed_counted_and_policy_applies(chat, parser
     [penalised] = await run(env, malformed, chat, parser, env.dataset(1), max_turns=1, on_tool_error="penalty",
                             tool_error_penalty=-0.5)
     assert penalised.turn_rewards[0] <= -0.5
+
+
+async def test_the_tool_error_penalty_is_the_models_failures_not_the_services(solver, chat, parser):
+    """on_tool_error=penalty: a timeout or an outage is not the model's mistake (no penalty);
+    a plain exception is, unless rollout.tool_exception_side says tools' exceptions are outages."""
+    async def outage(expression):
+        raise InfrastructureError("the calculator service answered 503")
+
+    for behaviour, side, penalised in ((outage, "policy", False), (hang, "policy", False),
+                                       (raise_error, "policy", True), (raise_error, "infrastructure", False)):
+        env = make_env(calculator_that(behaviour))
+        manager = ConcurrentToolManager(env.tools, timeout_s=0.2)
+        [one] = await run(env, solver, chat, parser, env.dataset(1), manager=manager, max_turns=2,
+                          on_tool_error="penalty", tool_error_penalty=-0.5, tool_exception_side=side)
+        assert one.tool_results and not one.tool_results[0].ok, behaviour
+        assert (one.turn_rewards[0] == -0.5) is penalised and one.turn_rewards[0] in (0.0, -0.5), (behaviour, side)
 
 
 class CountingEnv(ArithmeticEnv):

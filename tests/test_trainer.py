@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from rlfactory_core import OUTCOMES
 from rlfactory_core.data import batch_indices, load_samples
 from rlfactory_core.engines import local as local_engine
 from rlfactory_core.engines.local import backend_for
@@ -386,6 +387,11 @@ def test_a_short_run_writes_metrics_checkpoints_samples_and_resumes(tmp_path, ti
                 "eval/reward/mean", "eval/reward/accuracy", "train/sampler_logprob_diff"):
         assert key in step, key
     assert any(k.startswith("rollout/stop/") for k in step)
+    # every trajectory classified (the tiny model fails nothing of the services'): shares sum to 1
+    for prefix in ("outcome", "eval/outcome"):
+        shares = {k: v for k, v in step.items() if k.startswith(f"{prefix}/") and k.count("/") == prefix.count("/") + 1
+                  and k.rsplit("/", 1)[1] in OUTCOMES}
+        assert shares and sum(shares.values()) == pytest.approx(1.0) and step[f"{prefix}/infrastructure"] == 0.0
     assert len(step["samples"]) == 2
     assert (run_dir / "config.yaml").is_file() and (run_dir / "plugins.yaml").is_file()
     assert list((run_dir / "tensorboard").glob("events.*"))

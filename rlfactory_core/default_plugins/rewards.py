@@ -7,6 +7,7 @@ import string
 from collections import Counter
 
 from ..hookspecs import hookimpl
+from ..outcomes import CALL_ERRORS
 from ..types import RewardOutput, Sample, Trajectory
 
 __all__ = ["ExactMatchReward", "TokenF1Reward", "FormatReward", "normalize_answer", "same_answer", "gold_answers",
@@ -107,7 +108,7 @@ class TokenF1Reward:
 
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
 # the model-side failures of a tool call; timeouts and exceptions are the tool's
-_CALL_FORMAT_ERRORS = ("unknown_tool", "invalid_arguments")
+_CALL_FORMAT_ERRORS = CALL_ERRORS
 
 
 class FormatReward:

@@ -16,15 +16,17 @@ from typing import Any, Collection, Mapping, Sequence
 from ..errors import ConfigError, DuplicateComponentError, RegistrationError
 from ..hookspecs import hookimpl
 from ..interfaces import check_component, member
-from ..tools import ToolArgumentsError, TransientToolError, invalid_text, valid_text
+from ..outcomes import TOOL_ERROR_KINDS
+from ..tools import InfrastructureError, ToolArgumentsError, TransientToolError, invalid_text, valid_text
 from ..types import ToolCall, ToolResult
 
 __all__ = ["ConcurrentToolManager", "ERROR_KINDS"]
 
 log = logging.getLogger("rlfactory.tools")
 
-#: The values of ``ToolResult.error`` this manager produces.
-ERROR_KINDS = ("unknown_tool", "invalid_arguments", "timeout", "exception", "tool_error")
+#: The values of ``ToolResult.error`` this manager produces: the core's kinds
+#: (:data:`rlfactory_core.outcomes.TOOL_ERROR_KINDS`) but the parser's ``parse_error``.
+ERROR_KINDS = tuple(kind for kind in TOOL_ERROR_KINDS if kind != "parse_error")
 
 # Never contained: they stop the process, cancel the caller, or close the coroutine.
 _PROPAGATE = (KeyboardInterrupt, SystemExit, asyncio.CancelledError, GeneratorExit)
@@ -65,7 +67,9 @@ class ConcurrentToolManager:
       to each tool, a dict maps tool names to limits (unnamed tools: no own limit).
     * ``max_retries`` (2): retries of a transient failure: a tool raising
       ``TransientToolError`` or ``ConnectionError``, or returning
-      ``ToolResult(error=..., transient=True)``. Other exceptions are not retried.
+      ``ToolResult(error=..., transient=True)``. Other exceptions are not retried; a tool
+      raising ``InfrastructureError`` (its service failed) gets a result marked
+      ``infrastructure=True`` (:mod:`rlfactory_core.outcomes`).
     * ``retry_backoff_s`` (0.05) / ``max_retry_backoff_s`` (2.0): the wait before the first
       retry, doubled for each further one, capped. A retry waits for a slot again.
     * ``retry_timeouts`` (False): whether a timed-out attempt is retried too.
@@ -341,8 +345,11 @@ class ConcurrentToolManager:
         if isinstance(exc, ToolArgumentsError):
             return waited, ran, _failure(tool.name, "invalid_arguments", f"Error: {_truncate(str(exc))}")
         log.debug("tool %r raised", tool.name, exc_info=exc)
-        return waited, ran, _failure(tool.name, "exception", f"Error: {tool.name} failed: {_describe(exc)}",
-                                     transient=isinstance(exc, _TRANSIENT_EXCEPTIONS))
+        failure = _failure(tool.name, "exception", f"Error: {tool.name} failed: {_describe(exc)}",
+                           transient=isinstance(exc, _TRANSIENT_EXCEPTIONS))
+        if isinstance(exc, InfrastructureError):
+            failure.infrastructure = True
+        return waited, ran, failure
 
     # -- bookkeeping ----------------------------------------------------------------------
 

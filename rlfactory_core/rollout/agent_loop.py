@@ -49,6 +49,7 @@ from typing import Any, AsyncIterator, Literal, Sequence
 
 import pydantic
 
+from .. import outcomes
 from ..errors import one_line
 from ..interfaces import member
 from ..plugins import notify
@@ -61,10 +62,8 @@ __all__ = ["RolloutConfig", "SamplingConfig", "run_trajectory", "rollout", "roll
 
 log = logging.getLogger("rlfactory.rollout")
 
-STOP_REASONS = (
-    "no_tool_call", "env_done", "max_turns", "token_budget", "prompt_too_long",
-    "tool_error", "aborted", "env_error", "generation_error", "cancelled",
-)
+#: every ``Trajectory.stop_reason`` (their outcomes: :data:`rlfactory_core.outcomes.STOP_REASONS`)
+STOP_REASONS = tuple(outcomes.STOP_REASONS)
 
 
 class SamplingConfig(pydantic.BaseModel):
@@ -95,7 +94,14 @@ class RolloutConfig(pydantic.BaseModel):
     on_tool_error: Literal["observe", "end", "penalty"] = pydantic.Field(
         "observe", description="failed tool calls and parse errors: show the error and go on; "
                                "end the trajectory; or go on with tool_error_penalty added per failure")
-    tool_error_penalty: float = pydantic.Field(-0.1, description="per-failure turn reward for on_tool_error=penalty")
+    tool_error_penalty: float = pydantic.Field(
+        -0.1, description="per-failure turn reward for on_tool_error=penalty (the policy's failures only: never "
+                          "a timeout or an outage, rlfactory_core.outcomes)")
+    tool_exception_side: Literal["policy", "infrastructure"] = pydantic.Field(
+        "policy", description="whose failure a plain exception from a tool is (one that is neither a "
+                              "TransientToolError nor an InfrastructureError): the model's call's, by default, as "
+                              "most are its arguments' fault; 'infrastructure' for tools whose exceptions are "
+                              "outages (rlfactory_core.outcomes)")
     sampling: SamplingConfig = pydantic.Field(default_factory=SamplingConfig)
 
     def sampling_params(self, index: int = 0, stop_token_ids: Sequence[int] = ()) -> SamplingParams:
@@ -216,8 +222,10 @@ async def run_trajectory(
             reward = (step.reward or 0.0) + _observer_reward(
                 notify("rlfactory_on_env_step", trajectory=trajectory, turn=turn, results=results, step=step))
             n_failures = len(failures) + len(turn.errors)
-            if n_failures and config.on_tool_error == "penalty":
-                reward += config.tool_error_penalty * n_failures
+            if n_failures and config.on_tool_error == "penalty":  # the model's failures, not the services'
+                reward += config.tool_error_penalty * (len(turn.errors) + sum(
+                    outcomes.side_of(outcomes.result_outcome(r, config.tool_exception_side)) == outcomes.POLICY
+                    for r in failures))
             trajectory.turn_rewards.append(reward)
             if step.final_answer is not None:
                 trajectory.final_answer = step.final_answer
@@ -282,7 +290,7 @@ def _end(trajectory: Trajectory, reason: str, error: str | None = None) -> Traje
     trajectory.stop_reason = reason
     if error is not None:
         trajectory.metadata["error"] = error
-        if reason in ("env_error", "generation_error"):
+        if reason in outcomes.ERROR_STOPS:
             log.warning("trajectory %s ended (%s): %s", trajectory.sample_id, reason, error)
     return trajectory
 

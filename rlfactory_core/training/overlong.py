@@ -30,14 +30,15 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Sequence
 
+from .. import outcomes
 from ..config import RunConfig
 from ..rewards import ScoredBatch
 
 __all__ = ["LIMIT_STOPS", "cut_off", "trajectory_length", "soft_overlong_penalty", "with_overlong_penalty",
            "overlong_metrics"]
 
-#: The stop reasons of a trajectory a limit ended (see :mod:`rlfactory_core.rollout.agent_loop`).
-LIMIT_STOPS = frozenset({"token_budget", "max_turns"})
+#: The stop reasons of a trajectory a limit ended (:mod:`rlfactory_core.outcomes`).
+LIMIT_STOPS = outcomes.LIMIT_STOPS
 
 
 def cut_off(trajectory: Any) -> bool:
@@ -79,7 +80,7 @@ def with_overlong_penalty(trajectories: Sequence[Any], scored: ScoredBatch, conf
                     for components, penalty in zip(scored.components, penalties)],
         correct=list(scored.correct), errors=scored.errors,
         applied=scored.applied + Counter(overlong_penalty=len(penalties)),
-        turn_rewards=scored.turn_rewards, reward_errors=scored.reward_errors)
+        turn_rewards=scored.turn_rewards, reward_errors=scored.reward_errors, outcomes=scored.outcomes)
 
 
 def overlong_metrics(trajectories: Sequence[Any], config: RunConfig) -> dict[str, float]:

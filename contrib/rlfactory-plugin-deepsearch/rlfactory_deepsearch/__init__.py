@@ -25,7 +25,7 @@ from .parser import SearchR1Parser
 from .reward import SearchR1Reward
 
 #: the plugin API versions this plugin works with (checked when rlfactory loads it)
-rlfactory_api = ">=1.0,<2"
+rlfactory_api = ">=1.3,<2"  # CALL_ERRORS came in 1.3
 
 __all__ = ["DeepSearchEnv", "SearchTool", "SearchR1Parser", "SearchR1Reward", "rlfactory_register_envs",
            "rlfactory_register_parsers", "rlfactory_register_rewards", "rlfactory_register_commands"]

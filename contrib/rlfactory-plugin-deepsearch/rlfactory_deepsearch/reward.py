@@ -26,11 +26,11 @@ and a call of an unknown tool or with invalid arguments is invalid.
 
 from __future__ import annotations
 
-from rlfactory_core import FormatReward, RewardOutput, Sample, Trajectory, gold_answers, same_answer
+from rlfactory_core import CALL_ERRORS, FormatReward, RewardOutput, Sample, Trajectory, gold_answers, same_answer
 
 __all__ = ["SearchR1Reward"]
 
-_INVALID_CALLS = ("unknown_tool", "invalid_arguments")
+_INVALID_CALLS = CALL_ERRORS  # the model-side failures of a call (rlfactory_core.outcomes)
 
 
 class SearchR1Reward:

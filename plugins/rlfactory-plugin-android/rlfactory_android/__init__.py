@@ -27,7 +27,7 @@ from .tasks import Task, load_tasks
 from .ui import Screen, UIElement, parse_ui, render_screen
 
 #: the plugin API versions this plugin works with (checked when rlfactory loads it)
-rlfactory_api = ">=1.0,<2"
+rlfactory_api = ">=1.3,<2"  # ToolResult.infrastructure came in 1.3
 
 __all__ = [
     "AndroidEnv",

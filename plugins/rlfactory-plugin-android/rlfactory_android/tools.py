@@ -56,7 +56,8 @@ class _PhoneTool:
                 state["actions"] += 1
                 state["screen"] = screen = await run_in_tool_thread(self._env.read_screen, device)
             except DeviceError as exc:
-                return ToolResult(name=self.name, content=f"Error: {exc}", error="device_error")
+                # the device failed, not the action: the infrastructure's (rlfactory_core.outcomes)
+                return ToolResult(name=self.name, content=f"Error: {exc}", error="device_error", infrastructure=True)
         return ToolResult(name=self.name, content=f"{done}\n{self._env.render(screen)}")
 
     def _plan(self, arguments: dict[str, Any], screen: Screen, state: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ from .sandbox import QueryLimits, QueryResult, run_query
 from .sqltext import QueryError, extract_sql, orders_rows
 
 #: the plugin API versions this plugin works with (checked when rlfactory loads it)
-rlfactory_api = ">=1.0,<2"
+rlfactory_api = ">=1.3,<2"  # ToolResult.infrastructure came in 1.3
 
 __all__ = [
     "NL2SQLEnv",

@@ -75,6 +75,13 @@ def _tool_error(exc: QueryError) -> str:
     return exc.kind if exc.kind.startswith("sql_") else f"sql_{exc.kind}"
 
 
+def _infrastructure(exc: QueryError) -> bool:
+    """Whether a failed query is the service's failure (the episode's database cannot be
+    opened), not the model's query (an error, a refusal, a limit it ran into: the policy's;
+    rlfactory_core.outcomes)."""
+    return exc.kind in ("no_database", "sql_no_database")
+
+
 class _DatabaseTool:
     """A tool on the episode's database (``ctx["state"]["db_path"]``, set by ``reset``).
     ``validate`` checks the arguments before the call (the tool manager uses it)."""
@@ -141,7 +148,8 @@ class ListTablesTool(_DatabaseTool):
         try:
             tables = read_schema(db_path)
         except QueryError as exc:
-            return ToolResult(name=self.name, content=f"Error: {exc}", error=_tool_error(exc))
+            return ToolResult(name=self.name, content=f"Error: {exc}", error=_tool_error(exc),
+                              infrastructure=_infrastructure(exc))
         return ToolResult(name=self.name, content=schema_text(tables) or "The database has no tables.")
 
 
@@ -154,7 +162,8 @@ class DescribeTableTool(_DatabaseTool):
         try:
             tables = read_schema(db_path)
         except QueryError as exc:
-            return ToolResult(name=self.name, content=f"Error: {exc}", error=_tool_error(exc))
+            return ToolResult(name=self.name, content=f"Error: {exc}", error=_tool_error(exc),
+                              infrastructure=_infrastructure(exc))
         table = find_table(tables, arguments["table"])
         if table is None:
             names = ", ".join(t.name for t in tables) or "none"
@@ -166,7 +175,8 @@ class DescribeTableTool(_DatabaseTool):
             try:
                 result = run_query(db_path, table_rows_sql(table, rows + 1), self._env.display_limits(rows))
             except QueryError as exc:
-                return ToolResult(name=self.name, content=f"{lines[0]}\nError: {exc}", error=_tool_error(exc))
+                return ToolResult(name=self.name, content=f"{lines[0]}\nError: {exc}", error=_tool_error(exc),
+                                  infrastructure=_infrastructure(exc))
             lines += [f"First rows of {table.name}:", format_table(result, self._env.max_cell_chars)]
         return ToolResult(name=self.name, content="\n".join(lines))
 
@@ -180,7 +190,8 @@ class RunQueryTool(_DatabaseTool):
         try:
             result = run_query(db_path, arguments["query"], self._env.display_limits(self._env.max_rows))
         except QueryError as exc:
-            return ToolResult(name=self.name, content=f"Error: {exc}", error=_tool_error(exc))
+            return ToolResult(name=self.name, content=f"Error: {exc}", error=_tool_error(exc),
+                              infrastructure=_infrastructure(exc))
         return ToolResult(name=self.name, content=format_table(result, self._env.max_cell_chars))
 
 

@@ -1,0 +1,227 @@
+"""Outcomes (:mod:`rlfactory_core.outcomes`): every stop reason and tool error kind of the core
+and the shipped plugins maps to exactly one class on one side, by the documented precedence;
+the vocabularies are read from the one source; real failing tools through the real tool
+manager produce the classes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from rlfactory_core import (CALL_ERRORS, OUTCOMES, InfrastructureError, ToolCall, ToolResult, Trajectory,
+                            TransientToolError, function_tool, outcome_of)
+from rlfactory_core import outcomes
+from rlfactory_core.default_plugins.tool_managers import ERROR_KINDS, ConcurrentToolManager
+from rlfactory_core.rollout import STOP_REASONS
+from rlfactory_core.training.overlong import LIMIT_STOPS
+
+POLICY_CLASSES = {"answered", "no_answer", "max_turns", "token_budget", "malformed_call", "unknown_tool",
+                  "invalid_arguments", "tool_error_caused_by_call"}
+INFRASTRUCTURE_CLASSES = {"tool_timeout", "tool_unavailable", "tool_infra_error", "backend_error", "env_error",
+                          "reward_error"}
+
+
+def _trajectory(stop="env_done", results=(), answer=None, parse_errors=0):
+    return Trajectory(sample_id="s", prompt_ids=[1], tool_results=list(results), final_answer=answer,
+                      stop_reason=stop, metadata={"parse_errors": parse_errors})
+
+
+def _failed(kind, **fields):
+    return ToolResult(name="t", content="Error", error=kind, **fields)
+
+
+def test_the_classes_and_their_sides_are_the_documented_table():
+    assert {n for n, o in OUTCOMES.items() if o.side == "policy"} == POLICY_CLASSES
+    assert {n for n, o in OUTCOMES.items() if o.side == "infrastructure"} == INFRASTRUCTURE_CLASSES
+    for name in OUTCOMES:  # each row of the module docstring's table names its class and side
+        assert f"``{name}``" in outcomes.__doc__
+    with pytest.raises(ValueError, match="unknown outcome 'oops': one of answered, "):
+        outcomes.side_of("oops")
+
+
+# Every stop reason of the core, alone (no tool results, no answer), and its class.
+BY_STOP = {"no_tool_call": "no_answer", "env_done": "no_answer", "max_turns": "max_turns",
+           "token_budget": "token_budget", "prompt_too_long": "env_error", "tool_error": "no_answer",
+           "aborted": "backend_error", "env_error": "env_error", "generation_error": "backend_error",
+           "cancelled": "backend_error"}
+
+
+def test_every_stop_reason_of_the_core_has_one_class():
+    assert set(BY_STOP) == set(STOP_REASONS)  # a new stop reason must be classified here
+    for reason, expected in BY_STOP.items():
+        assert outcome_of(_trajectory(reason)) == expected, reason
+    with pytest.raises(ValueError, match=r"unknown stop reason 'exploded': add it to rlfactory_core.outcomes"):
+        outcome_of(_trajectory("exploded"))
+
+
+# Every error kind of the core's tool manager and parser, and the shipped plugins' own kinds
+# (returned as ToolResult.error by their tools, kept in metadata["tool_error"]), as a result
+# holds them after the tool manager: (error, fields) -> class.
+BY_RESULT = [
+    (("unknown_tool", {}), "unknown_tool"),
+    (("invalid_arguments", {}), "invalid_arguments"),
+    (("parse_error", {}), "malformed_call"),
+    (("timeout", {}), "tool_timeout"),
+    (("timeout", {"transient": True}), "tool_timeout"),  # retry_timeouts: still a timeout when spent
+    (("exception", {}), "tool_error_caused_by_call"),  # unmarked: the policy's by default
+    (("exception", {"transient": True}), "tool_unavailable"),  # TransientToolError/ConnectionError, retries spent
+    (("exception", {"infrastructure": True}), "tool_infra_error"),  # InfrastructureError
+    (("tool_error", {"metadata": {"tool_error": "sql_error"}, "infrastructure": False}), "tool_error_caused_by_call"),
+    (("tool_error", {"metadata": {"tool_error": "sql_timeout"}, "infrastructure": False}),
+     "tool_error_caused_by_call"),  # a limit on what the model asked for
+    (("tool_error", {"metadata": {"tool_error": "sql_refused"}, "infrastructure": False}), "tool_error_caused_by_call"),
+    (("tool_error", {"metadata": {"tool_error": "sql_too_many_rows"}, "infrastructure": False}),
+     "tool_error_caused_by_call"),
+    (("tool_error", {"metadata": {"tool_error": "sql_no_database"}, "infrastructure": True}), "tool_infra_error"),
+    (("tool_error", {"metadata": {"tool_error": "device_error"}, "infrastructure": True}), "tool_infra_error"),
+    (("tool_error", {}), "tool_error_caused_by_call"),  # the MCP server's isError result
+]
+
+
+@pytest.mark.parametrize(("failure", "expected"), BY_RESULT, ids=[f"{k}-{e}" for (k, _), e in BY_RESULT])
+def test_every_tool_error_kind_has_one_class(failure, expected):
+    kind, fields = failure
+    result = _failed(kind, **fields)
+    assert outcomes.result_outcome(result) == expected
+    # and it is the trajectory's outcome when it is its only signal (no answer)
+    assert outcome_of(_trajectory(results=[result])) == expected
+
+
+def test_the_core_kinds_are_read_from_the_one_source():
+    assert set(ERROR_KINDS) | {"parse_error"} == set(outcomes.TOOL_ERROR_KINDS)
+    assert {kind for (kind, _), _ in BY_RESULT} == set(outcomes.TOOL_ERROR_KINDS)
+    assert tuple(STOP_REASONS) == tuple(outcomes.STOP_REASONS)
+    assert LIMIT_STOPS is outcomes.LIMIT_STOPS and LIMIT_STOPS == {"max_turns", "token_budget"}
+    assert CALL_ERRORS == {"unknown_tool", "invalid_arguments"}
+    from rlfactory_deepsearch import reward as deepsearch_reward
+
+    from rlfactory_core.default_plugins import rewards
+
+    assert rewards._CALL_FORMAT_ERRORS is CALL_ERRORS and deepsearch_reward._INVALID_CALLS is CALL_ERRORS
+
+
+def test_an_unmarked_exception_takes_the_configured_side():
+    plain = _failed("exception")
+    assert outcomes.result_outcome(plain, unmarked_exception="infrastructure") == "tool_infra_error"
+    assert outcome_of(_trajectory(results=[plain]), unmarked_exception="infrastructure") == "tool_infra_error"
+    assert outcome_of(_trajectory(results=[plain])) == "tool_error_caused_by_call"
+
+
+@pytest.mark.parametrize(("trajectory", "reward_failed", "expected"), [
+    # a timed-out search, then a right answer: the later turns read a corrupted result
+    (_trajectory(results=[_failed("timeout"), ToolResult(name="t", content="ok")], answer="42"), False,
+     "tool_timeout"),
+    # how the episode stopped comes first
+    (_trajectory("env_error", results=[_failed("timeout")]), True, "env_error"),
+    (_trajectory("generation_error", results=[_failed("exception", transient=True)]), False, "backend_error"),
+    # then the reward's failure, then the tools': unavailable before timeout before a reported failure
+    (_trajectory(results=[_failed("timeout")], answer="42"), True, "reward_error"),
+    (_trajectory(results=[_failed("exception", infrastructure=True), _failed("timeout"),
+                          _failed("exception", transient=True)]), False, "tool_unavailable"),
+    (_trajectory(results=[_failed("exception", infrastructure=True), _failed("timeout")]), False, "tool_timeout"),
+    # an infrastructure failure outranks a limit; a limit outranks the policy's other classes
+    (_trajectory("max_turns", results=[_failed("timeout")]), False, "tool_timeout"),
+    (_trajectory("token_budget", results=[_failed("invalid_arguments")], answer="x", parse_errors=1), False,
+     "token_budget"),
+    # an answer outranks the failed calls on the way to it
+    (_trajectory(results=[_failed("unknown_tool")], answer="42", parse_errors=2), False, "answered"),
+    # no answer: a malformed call, else the first failed call
+    (_trajectory(results=[_failed("invalid_arguments")], parse_errors=1), False, "malformed_call"),
+    (_trajectory("tool_error", results=[_failed("unknown_tool"), _failed("invalid_arguments")]), False,
+     "unknown_tool"),
+    (_trajectory(answer=""), False, "answered"),  # an empty answer is still an answer (graded by the reward)
+])
+def test_the_precedence_of_several_signals(trajectory, reward_failed, expected):
+    assert outcome_of(trajectory, reward_failed=reward_failed) == expected
+
+
+def test_real_failing_tools_through_the_tool_manager_produce_their_classes():
+    """A hanging tool, a tool whose service is down (retries spent), one that reports an
+    outage, one that raises a plain error, and a call with bad arguments, each through the
+    real ConcurrentToolManager."""
+    attempts = []
+
+    @function_tool
+    def hangs(query: str) -> str:
+        """Never answers in time."""
+        time.sleep(2)
+        return "late"
+
+    @function_tool
+    def down(query: str) -> str:
+        """Its service is down."""
+        attempts.append(query)
+        raise TransientToolError("503 Service Unavailable")
+
+    @function_tool
+    def outage(query: str) -> str:
+        """Its service reports an outage."""
+        raise InfrastructureError("the index server answered 500")
+
+    @function_tool
+    def opens(path: str) -> str:
+        """Opens a file the model named."""
+        raise FileNotFoundError(path)
+
+    manager = ConcurrentToolManager([hangs, down, outage, opens], timeout_s=0.2, max_retries=2,
+                                    retry_backoff_s=0.0)
+    calls = [ToolCall(name="hangs", arguments={"query": "q"}), ToolCall(name="down", arguments={"query": "q"}),
+             ToolCall(name="outage", arguments={"query": "q"}), ToolCall(name="opens", arguments={"path": "/x"}),
+             ToolCall(name="opens", arguments={"query": 3}), ToolCall(name="nope", arguments={})]
+    results = asyncio.run(manager.call(calls, {}))
+    assert [outcomes.result_outcome(r) for r in results] == [
+        "tool_timeout", "tool_unavailable", "tool_infra_error", "tool_error_caused_by_call", "invalid_arguments",
+        "unknown_tool"]
+    assert len(attempts) == 3 and results[2].infrastructure is True and results[3].infrastructure is None
+    assert outcome_of(_trajectory(results=results)) == "tool_unavailable"
+
+
+def test_the_reward_layer_gives_each_trajectory_its_outcome_once():
+    """With the scores (ScoredBatch.outcomes): a reward that raises on one trajectory makes it
+    reward_error; a trajectory the core never ended (built by hand) is left unclassified."""
+    from rlfactory_core.config import RewardSpec
+    from rlfactory_core.rewards import ScoredBatch, build_reward_layer
+    from rlfactory_core.testing import registered_plugin
+
+    class Flaky:
+        name, description = "flaky", "raises for the sample marked so"
+
+        def score(self, trajectory, sample):
+            if sample.get("fail"):
+                raise ConnectionError("the judge is down")
+            return 1.0
+
+    class Plugin:
+        from rlfactory_core import hookimpl
+
+        @hookimpl
+        def rlfactory_register_rewards(self, register):
+            register(Flaky)
+
+    trajectories = [_trajectory("no_tool_call", answer="7"), _trajectory("no_tool_call", answer="7"),
+                    _trajectory("max_turns", results=[_failed("timeout")]), _trajectory("")]
+    with registered_plugin(Plugin()):
+        layer = build_reward_layer([RewardSpec(name="flaky"), RewardSpec(name="exact_match")])
+        scored = asyncio.run(layer.score(trajectories, [{"answer": "7"}, {"answer": "7", "fail": True},
+                                                        {"answer": "7"}, {"answer": "7"}]))
+    assert scored.outcomes == ["answered", "reward_error", "tool_timeout", None]
+    assert ScoredBatch.concat([scored.select([3, 1]), scored.select([0])]).outcomes == [None, "reward_error",
+                                                                                       "answered"]
+    side = build_reward_layer([RewardSpec(name="exact_match")], tool_exception_side="infrastructure")
+    plain = asyncio.run(side.score([_trajectory(results=[_failed("exception")])], [{"answer": "7"}]))
+    assert plain.outcomes == ["tool_infra_error"]
+
+
+def test_outcome_metrics_by_hand():
+    names = ["answered", "answered", "tool_timeout", None, "reward_error", "malformed_call"]
+    correct = [True, False, True, True, None, False]
+    # 5 classified: answered 2/5, tool_timeout, reward_error, malformed_call 1/5 each;
+    # infrastructure 2/5; policy-only accuracy over answered x2 and malformed_call: 1/3
+    assert outcomes.outcome_metrics("outcome", names, correct) == pytest.approx({
+        "outcome/answered": 0.4, "outcome/tool_timeout": 0.2, "outcome/reward_error": 0.2,
+        "outcome/malformed_call": 0.2, "outcome/infrastructure": 0.4, "outcome/accuracy_policy_only": 1 / 3})
+    assert outcomes.outcome_metrics("eval/outcome", ["answered"]) == {"eval/outcome/answered": 1.0,
+                                                                      "eval/outcome/infrastructure": 0.0}
+    assert outcomes.outcome_metrics("outcome", [None, None]) == {}
