@@ -13,7 +13,8 @@ only the small scalar columns (reward, stop reason, ...) without touching the to
 zstd shrinks the token arrays ~4x, and any Arrow reader (pandas, polars, DuckDB) opens it
 without this package. JSONL would have to parse every token to list a step.
 
-**Schema** (:data:`SCHEMA_VERSION` 1; every file's metadata carries ``rlfactory.schema_version``),
+**Schema** (:data:`SCHEMA_VERSION` 2; every file's metadata carries ``rlfactory.schema_version``;
+version 1 files, written before outcomes, still read: their new columns read as null),
 one row per trajectory:
 
 - ``step`` (the training step it belongs to), ``kind`` (``train``, ``eval``,
@@ -24,12 +25,14 @@ one row per trajectory:
 - ``reward``, ``rewards`` (each reward and component, ``name -> value``), ``reward_errors``,
   ``correct`` (null: no reward said), ``turn_rewards``, ``advantage`` (the trajectory's;
   null for eval);
-- ``stop_reason``, ``outcome`` (``ok`` or ``error``: the episode ended on an env or generation
-  error; the classes of failure-aware training will refine it), ``error`` (why, when it did),
+- ``stop_reason``, ``outcome`` (the trajectory's class, :mod:`rlfactory_core.outcomes`; null where
+  no reward layer classified it; ``ok`` or ``error`` in version 1 files), ``outcome_side``
+  (``policy`` or ``infrastructure``), ``error`` (why the episode ended early, when it did),
   ``final_answer``, ``expected`` (JSON), ``num_turns``, ``tool_error_kinds``;
 - ``messages``: the conversation (``role``, ``content``, ``name``, ``tool_call_id``,
   ``tool_calls`` as JSON, ``turn``: -1 for the prompt's messages, few-shot turns included); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
-  ``id``, ``turn``, ``result``, ``error`` (its kind), ``latency_s``;
+  ``id``, ``turn``, ``result``, ``error`` (its kind), ``infrastructure`` (the result's mark:
+  true, false or null), ``latency_s``;
 - ``sequences``: the token sequences the trajectory is made of (one, unless its model family
   rewrote earlier turns: :class:`~rlfactory_core.types.Trajectory`), each with per-token
   arrays ``token_ids``, ``pieces`` (each token decoded alone: a character split over tokens
@@ -55,17 +58,19 @@ from typing import Any, Iterable, Sequence
 
 from ._fs import fsync_dir, temp_path_beside
 from .errors import RLFactoryError
-from .outcomes import ERROR_STOPS
+from .outcomes import OUTCOMES
 
 __all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
            "SCALAR_COLUMNS", "scalar_schema", "PROMPT", "MODEL", "OBSERVATION"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: the versions this rlfactory reads (the columns a version 1 file lacks read as null)
+_READABLE = {"1": 1, "2": 2}
 RECORDS_DIR = "trajectories"
 PROMPT, MODEL, OBSERVATION = 0, 1, 2
 #: What a list of trajectories reads: everything but the conversation and the token arrays.
 SCALAR_COLUMNS = ["step", "kind", "index", "sample_id", "group", "policy_version", "reward", "correct",
-                  "advantage", "stop_reason", "outcome", "num_turns", "num_tokens", "tool_error_kinds",
+                  "advantage", "stop_reason", "outcome", "outcome_side", "num_turns", "num_tokens", "tool_error_kinds",
                   "final_answer"]
 _FILE = re.compile(r"^step-(\d{6,})\.(parquet|jsonl)$")
 
@@ -85,13 +90,14 @@ def _schema() -> Any:
     message = pa.struct([("role", pa.string()), ("content", pa.string()), ("name", pa.string()),
                          ("tool_call_id", pa.string()), ("tool_calls", pa.string()), ("turn", pa.int16())])
     call = pa.struct([("name", pa.string()), ("arguments", pa.string()), ("id", pa.string()), ("turn", pa.int16()),
-                      ("result", pa.string()), ("error", pa.string()), ("latency_s", pa.float64())])
+                      ("result", pa.string()), ("error", pa.string()), ("infrastructure", pa.bool_()),
+                      ("latency_s", pa.float64())])
     return pa.schema([
         ("step", pa.int32()), ("kind", pa.string()), ("index", pa.int32()), ("sample_id", pa.string()),
         ("group", pa.int32()), ("policy_version", pa.int32()), ("reward", pa.float64()),
         ("rewards", pa.map_(pa.string(), pa.float64())), ("reward_errors", pa.list_(pa.string())),
         ("correct", pa.bool_()), ("turn_rewards", pa.list_(pa.float64())), ("advantage", pa.float64()),
-        ("stop_reason", pa.string()), ("outcome", pa.string()), ("error", pa.string()),
+        ("stop_reason", pa.string()), ("outcome", pa.string()), ("outcome_side", pa.string()), ("error", pa.string()),
         ("final_answer", pa.string()), ("expected", pa.string()), ("num_turns", pa.int16()),
         ("num_tokens", pa.int32()), ("tool_error_kinds", pa.list_(pa.string())),
         ("messages", pa.list_(message)), ("tool_calls", pa.list_(call)), ("sequences", pa.list_(sequence)),
@@ -149,7 +155,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
             "turn_rewards": [float(r) for r in trajectory.turn_rewards],
             "advantage": None if advantages is None else float(advantages[in_batch[0]]),
             "stop_reason": trajectory.stop_reason,
-            "outcome": "error" if trajectory.stop_reason in ERROR_STOPS else "ok",
+            "outcome": scored.outcomes[row], "outcome_side": _side(scored.outcomes[row]),
             "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
             "num_turns": trajectory.num_turns, "num_tokens": sum(len(q["token_ids"]) for q in sequences),
@@ -266,11 +272,35 @@ def _calls(trajectory: Any) -> list[dict[str, Any]]:
                       "id": call.id, "turn": turns[i] if i < len(turns) else None,
                       "result": None if result is None else result.content,
                       "error": None if result is None else result.error,
+                      "infrastructure": None if result is None else result.infrastructure,
                       "latency_s": None if result is None else float(result.latency_s)})
     return calls
 
 
+def _side(outcome: str | None) -> str | None:
+    return None if outcome is None else OUTCOMES[outcome].side
+
+
 # --------------------------------------------------------------------------- reading
+
+
+def _upgraded(file: Any, columns: list[str] | None) -> Any:
+    """An older file's table in today's schema: the columns it lacks (``outcome_side``; the
+    calls' ``infrastructure``) as nulls."""
+    import pyarrow as pa
+
+    schema = _schema()
+    have = set(file.schema_arrow.names)
+    table = file.read(columns=[c for c in (columns or schema.names) if c in have])
+    for name in columns or schema.names:
+        if name not in have:
+            table = table.append_column(schema.field(name), pa.nulls(table.num_rows, schema.field(name).type))
+    if "tool_calls" in table.column_names:  # struct fields added since: cast fills them with nulls
+        calls = table.column("tool_calls").to_pylist()
+        upgraded = pa.array([None if c is None else [{**x, "infrastructure": x.get("infrastructure")} for x in c]
+                             for c in calls], type=schema.field("tool_calls").type)
+        table = table.set_column(table.column_names.index("tool_calls"), schema.field("tool_calls"), upgraded)
+    return table.select([c for c in (columns or schema.names)])
 
 
 class RunRecords:
@@ -381,9 +411,12 @@ class RunRecords:
             file = pq.ParquetFile(path)
             # the file's key-value metadata holds the schema's (without building the Arrow schema)
             version = (file.metadata.metadata or {}).get(b"rlfactory.schema_version", b"?").decode()
-            if version != str(SCHEMA_VERSION):
-                raise RecordError(f"{path}: schema version {version}; this rlfactory reads version {SCHEMA_VERSION}")
-            return file.read(columns=columns)
+            if version not in _READABLE:
+                raise RecordError(f"{path}: schema version {version}; this rlfactory reads versions "
+                                  f"{', '.join(_READABLE)}")
+            if _READABLE[version] == SCHEMA_VERSION:
+                return file.read(columns=columns)
+            return _upgraded(file, columns)
         except RecordError:
             raise
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
@@ -410,14 +443,14 @@ class RunRecords:
                     continue  # torn by a kill while it was written
                 raise RecordError(f"{path}:{number + 1}: not a JSON object") from None
             calls = [{"name": c.get("name"), "arguments": json.dumps(c.get("arguments"), ensure_ascii=False),
-                      "id": "", "turn": None, "result": None, "error": None, "latency_s": None}
+                      "id": "", "turn": None, "result": None, "error": None, "infrastructure": None, "latency_s": None}
                      for c in sample.get("tool_calls") or [] if isinstance(c, dict)]
             records.append({
                 "step": step, "kind": kind, "index": len(records), "sample_id": str(sample.get("sample_id", "")),
                 "group": -1, "policy_version": step, "reward": sample.get("reward"),
                 "rewards": sample.get("rewards") or {}, "reward_errors": sample.get("reward_errors") or [],
                 "correct": None, "turn_rewards": [], "advantage": None, "stop_reason": sample.get("stop_reason"),
-                "outcome": None, "error": None, "final_answer": sample.get("final_answer"),
+                "outcome": None, "outcome_side": None, "error": None, "final_answer": sample.get("final_answer"),
                 "expected": json.dumps(sample.get("expected"), ensure_ascii=False),
                 "num_turns": sample.get("turns"), "num_tokens": None, "tool_error_kinds": [],
                 "messages": [], "tool_calls": calls, "sequences": [], "metadata": "{}",

@@ -29,12 +29,14 @@ CONFIG = "env: deepsearch\nmodel:\n  name: smollm2-135m-instruct\ndata:\n  eval_
 
 def eval_metrics(prefix: str, accuracy: float) -> dict:
     return {f"{prefix}eval/reward/mean": accuracy, f"{prefix}eval/reward/accuracy": accuracy,
-            f"{prefix}eval/tools/calls_per_trajectory": 1.2, f"{prefix}eval/tools/error_rate": 0.05}
+            f"{prefix}eval/tools/calls_per_trajectory": 1.2, f"{prefix}eval/tools/error_rate": 0.05,
+            f"{prefix}eval/outcome/infrastructure": 0.0}
 
 
 def step_metrics(step: int) -> dict:
     return {"step": step, "time": 1_800_000_000.0 + step, "reward/mean": 0.5 + step / 100,
             "reward/accuracy": 0.4 + step / 100, "tools/calls_per_trajectory": 1.1, "tools/error_rate": 0.1,
+            "outcome/infrastructure": 0.05,
             "train/loss": 0.01, "train/entropy": 0.05, "train/kl": 0.0, "train/clip_fraction": 0.01,
             "train/sampler_logprob_diff": 1e-6, "train/sampler_kl": None,  # a NaN is logged as null
             "time/rollout": 8.0, "time/reward": 0.01, "time/train": 15.0, "time/weight_sync": 0.7,
@@ -72,8 +74,8 @@ def test_plots_every_panel_of_a_run_into_run_dir_curves_png(rlf, tmp_path):
     code, out, err = rlf("plot", str(run))
     assert (code, err) == (0, "")
     assert out.strip() == str(run / "curves.png")
-    # 8 panels: 4 columns x 2 rows of 4 x 3 inches, plus a 0.5 inch title band, at 100 dpi
-    assert png_size(run / "curves.png") == (1600, 650)
+    # 9 panels: 3 columns x 3 rows of 4 x 3 inches, plus a 0.5 inch title band, at 100 dpi
+    assert png_size(run / "curves.png") == (1200, 950)
 
 
 def test_out_and_dpi(rlf, tmp_path):
@@ -82,7 +84,7 @@ def test_out_and_dpi(rlf, tmp_path):
     target.parent.mkdir()
     code, out, _ = rlf("plot", str(run), "--out", str(target), "--dpi", "50")
     assert code == 0 and out.strip() == str(target)
-    assert png_size(target) == (800, 325)
+    assert png_size(target) == (600, 475)
     assert not (run / "curves.png").exists()
     assert list(target.parent.iterdir()) == [target]  # no temporary file left beside it
 
@@ -92,14 +94,14 @@ def test_through_typers_cli_runner(tmp_path):
     result = CliRunner().invoke(build_app(with_plugin_commands=False), ["plot", str(run), "--out",
                                                                         str(tmp_path / "c.png")])
     assert result.exit_code == 0, result.output
-    assert png_size(tmp_path / "c.png") == (1600, 650)
+    assert png_size(tmp_path / "c.png") == (1200, 950)
 
 
 def test_a_torn_last_line_still_plots(rlf, tmp_path):
     run = write_run(tmp_path / "run", tail='{"step": 5, "time": 18000000')  # killed mid-write
     code, out, err = rlf("plot", str(run))
     assert (code, err) == (0, "")
-    assert png_size(run / "curves.png") == (1600, 650)
+    assert png_size(run / "curves.png") == (1200, 950)
 
 
 def test_a_run_without_config_or_cold_start_plots_the_panels_it_has(rlf, tmp_path):
@@ -112,10 +114,11 @@ def test_a_run_without_config_or_cold_start_plots_the_panels_it_has(rlf, tmp_pat
 
 def test_panels_are_those_the_run_logged():
     assert [p.title for p in panels_for(records(), "test")] == [
-        "held-out accuracy", "training reward", "tool calls per trajectory", "tool error rate", "entropy",
-        "KL and clip fraction", "sampler vs trainer mismatch", "step time by phase (s)"]
+        "held-out accuracy", "training reward", "tool calls per trajectory", "tool error rate",
+        "infrastructure failures", "entropy", "KL and clip fraction", "sampler vs trainer mismatch",
+        "step time by phase (s)"]
     # null everywhere (a NaN) is no series: the mismatch panel keeps only the logprob difference
-    mismatch = panels_for(records())[6]
+    mismatch = panels_for(records())[7]
     assert mismatch.series == (("train/sampler_logprob_diff", "|logp diff| per token"),)
     # no accuracy reward: the mean reward is the held-out curve, on a free y-axis
     rows = [{"step": 0, "eval/reward/mean": -0.1}, {"step": 2, "eval/reward/mean": 0.4}]

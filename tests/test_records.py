@@ -62,7 +62,8 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
     batch = build_batch(trajectories, [1.0, 0.0, 0.5, 0.5], config, pad_id=0)
     scored = ScoredBatch(totals=[1.0, 0.0, 0.5, 0.5], components=[{"exact_match": 1.0}] * 4,
                          correct=[True, False, None, None], errors={}, applied={},
-                         reward_errors=[[], ["judge: timed out"], [], []])
+                         reward_errors=[[], ["judge: timed out"], [], []],
+                         outcomes=["answered", "reward_error", None, None])
     fake_trainer = torch.full(batch["loss_mask"].shape, -0.3)
     records = trajectory_records(trajectories, step=3, kind="train", scored=scored, tokenizer=tokenizer,
                                  row_samples=[{"answer": "5"}] * 4, rows=[0, 1],
@@ -79,6 +80,8 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
     assert [r["index"] for r in listed] == [0, 1] and set(listed[0]) == set(SCALAR_COLUMNS)
     assert [r["reward"] for r in listed] == [1.0, 0.0] and listed[0]["correct"] is True
     assert listed[0]["tool_error_kinds"] == ["timeout"] and listed[1]["advantage"] < 0 < listed[0]["advantage"]
+    assert [(r["outcome"], r["outcome_side"]) for r in listed] == [("answered", "policy"),
+                                                                    ("reward_error", "infrastructure")]
 
     record = run.trajectory("train", 3, 1)
     sequence, t = record["sequences"][0], trajectories[1]
@@ -102,12 +105,33 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
     assert record["policy_version"] == 2  # the trajectory's oldest
     assert record["reward_errors"] == ["judge: timed out"] and json.loads(record["expected"]) == "5"
     assert record["tool_calls"] == [{"name": "calc", "arguments": '{"expr": "2+3"}', "id": "c1", "turn": 0,
-                                     "result": "5", "error": "timeout", "latency_s": 0.25}]
+                                     "result": "5", "error": "timeout", "infrastructure": None, "latency_s": 0.25}]
     assert [m["role"] for m in record["messages"]] == ["user", "assistant", "tool", "assistant"]
     assert [m["turn"] for m in record["messages"]] == [-1, 0, 0, 1]  # the prompt's, then each turn's
     assert json.loads(record["messages"][1]["tool_calls"])[0]["arguments"] == {"expr": "2+3"}
     assert record["rewards"] == {"exact_match": 1.0}
     assert record["turn_rewards"] == [0.0, 0.5] and record["group"] == 0 and not record["text_only"]
+
+    # a version 1 file (before outcomes: outcome "ok"/"error", no outcome_side, calls without
+    # their infrastructure mark) still reads, the new columns null
+    import pyarrow as pa
+
+    from rlfactory_core import records as records_module
+
+    now = records_module._schema()
+    call_v1 = pa.struct([f for f in now.field("tool_calls").type.value_type if f.name != "infrastructure"])
+    v1 = pa.schema([pa.field("tool_calls", pa.list_(call_v1)) if f.name == "tool_calls" else f
+                    for f in now if f.name != "outcome_side"], metadata={"rlfactory.schema_version": "1"})
+    rows = [{**{k: v for k, v in r.items() if k != "outcome_side"}, "outcome": "ok",
+             "tool_calls": [{k: v for k, v in c.items() if k != "infrastructure"} for c in r["tool_calls"]]}
+            for r in records]
+    pq.write_table(pa.Table.from_pylist(rows, schema=v1), path.with_name("step-000004.parquet"))
+    old = run.list("train", 4)
+    assert [(r["outcome"], r["outcome_side"]) for r in old] == [("ok", None), ("ok", None)]
+    assert run.scalars("train", 4).column("outcome_side").null_count == 2
+    whole = run.trajectory("train", 4, 1)
+    assert whole["outcome_side"] is None and whole["tool_calls"][0]["infrastructure"] is None
+    assert whole["sequences"][0]["token_ids"] == all_ids
     with pytest.raises(RecordError, match="no trajectory 7"):
         run.trajectory("train", 3, 7)
     with pytest.raises(RecordError, match="no eval trajectories recorded at step 3"):

@@ -21,6 +21,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from browser import save_screenshot
 from rlfactory_cli.ui.app import create_app
+from rlfactory_core import OUTCOMES
 from rlfactory_core.records import RunRecords
 
 TOKEN = "browser-test-token-0123456789"
@@ -89,13 +90,23 @@ def test_from_the_runs_list_to_a_trajectory_whose_token_colours_are_its_loss_mas
     browser.find_element(By.LINK_TEXT, "tiny").click()
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".plot .main-svg")) >= 8, message="the run's plots")
     panels = {el.get_attribute("data-panel") for el in browser.find_elements(By.CSS_SELECTOR, ".plot")}
-    assert {"Reward (training)", "Held-out", "Entropy", "Sampler vs trainer", "Step time by phase (s)"} <= panels
+    assert {"Reward (training)", "Held-out", "Entropy", "Sampler vs trainer", "Step time by phase (s)",
+            "Outcomes (training)"} <= panels
+    outcome_traces = browser.execute_script(
+        "return document.querySelector(\"[data-panel='Outcomes (training)']\").data.map(t => t.name)")
+    assert outcome_traces and set(outcome_traces) <= set(OUTCOMES)  # classes only, stacked
     save_screenshot(browser, "ui-run")
 
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row"), message="the trajectory list")
     Select(browser.find_element(By.ID, "kind")).select_by_value("train")
     Select(browser.find_element(By.ID, "step")).select_by_value("1")
     wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 4, message="step 1's rows")
+    # the outcome filter offers the step's classes and sides; the tiny model's are the policy's
+    options = [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#outcome option")]
+    assert "policy" in options and set(options) - {"", "policy"} <= set(OUTCOMES)
+    Select(browser.find_element(By.ID, "outcome")).select_by_value("policy")
+    wait(browser, lambda d: d.find_element(By.ID, "outcome").get_attribute("value") == "policy"
+         and len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 4, message="the policy's rows")
     browser.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")[0].click()
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#tokens .tok"), message="the token view")
 

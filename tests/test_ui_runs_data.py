@@ -14,12 +14,15 @@ from rlfactory_core.records import RunRecords, SCALAR_COLUMNS, scalar_schema, wr
 
 STOPS = ["no_tool_call", "max_turns", None, "env_error"]
 ERRORS = [[], ["timeout"], ["timeout", "parse_error"], []]
+OUTCOMES = [("answered", "policy"), ("tool_timeout", "infrastructure"), (None, None), ("malformed_call", "policy"),
+            ("env_error", "infrastructure")]
 
 
 def row(step, index):
     return {"step": step, "kind": "eval", "index": index, "sample_id": f"q{index % 5}", "group": -1,
             "policy_version": step, "reward": None if index % 7 == 3 else (index % 4) / 3,
             "stop_reason": STOPS[index % 4], "tool_error_kinds": ERRORS[(index + step) % 4],
+            "outcome": OUTCOMES[index % 5][0], "outcome_side": OUTCOMES[index % 5][1],
             "final_answer": f"a{index}", "messages": [{"role": "user", "content": f"question {index % 5}"}],
             "sequences": [{"token_ids": [1, 2, 3], "segment": [0, 1, 1], "loss_mask": [0, 1, 1]}]}
 
@@ -37,14 +40,16 @@ def runs(tmp_path):
     return tmp_path
 
 
-def reference(rows, min_reward=None, max_reward=None, stop_reason=None, tool_error=None, sample_id=None):
+def reference(rows, min_reward=None, max_reward=None, stop_reason=None, tool_error=None, sample_id=None,
+              outcome=None):
     def keep(r):
         reward = r["reward"]
         return ((min_reward is None or (reward is not None and reward >= min_reward))
                 and (max_reward is None or (reward is not None and reward <= max_reward))
                 and (not stop_reason or r["stop_reason"] == stop_reason)
                 and (not tool_error or tool_error in (r["tool_error_kinds"] or ()))
-                and (not sample_id or sample_id in str(r["sample_id"])))
+                and (not sample_id or sample_id in str(r["sample_id"]))
+                and (not outcome or outcome in (r["outcome"], r["outcome_side"])))
     return [r for r in rows if keep(r)]
 
 
@@ -52,7 +57,9 @@ def reference(rows, min_reward=None, max_reward=None, stop_reason=None, tool_err
                                      {"min_reward": 0.1, "max_reward": 0.7}, {"stop_reason": "max_turns"},
                                      {"tool_error": "timeout"},
                                      {"tool_error": "parse_error", "min_reward": 0.0}, {"sample_id": "q3"},
-                                     {"sample_id": "nothing"}, {"stop_reason": "no_tool_call", "sample_id": "q"}])
+                                     {"sample_id": "nothing"}, {"stop_reason": "no_tool_call", "sample_id": "q"},
+                                     {"outcome": "tool_timeout"}, {"outcome": "infrastructure"},
+                                     {"outcome": "policy", "min_reward": 0.3}])
 def test_filters_over_every_step_keep_what_a_python_filter_keeps(runs, filters):
     records = RunRecords(runs / "run")
     every = [r for step in records.steps("eval") for r in records.list("eval", step)]
@@ -62,7 +69,9 @@ def test_filters_over_every_step_keep_what_a_python_filter_keeps(runs, filters):
     assert listed["rows"] == expected  # in step order, then row order; every scalar column
     assert set(listed["rows"][0] if expected else SCALAR_COLUMNS) == set(SCALAR_COLUMNS)
     assert listed["facets"] == {"stop_reasons": ["env_error", "max_turns", "no_tool_call"],
-                                "tool_errors": ["parse_error", "timeout"]}
+                                "tool_errors": ["parse_error", "timeout"],
+                                "outcomes": ["answered", "env_error", "malformed_call", "tool_timeout",
+                                             "infrastructure", "policy"]}
     page = RunsData(runs).trajectories("run", "eval", offset=5, limit=4, **filters)
     assert page["rows"] == expected[5:9] and page["total"] == len(expected)
 

@@ -169,6 +169,9 @@ def panels_for(records: list[dict], eval_split: str | None = None) -> list[Panel
         Panel("tool calls per trajectory", (("tools/calls_per_trajectory", "train"),
                                             ("eval/tools/calls_per_trajectory", held_out))),
         Panel("tool error rate", (("tools/error_rate", "train"), ("eval/tools/error_rate", held_out)), share=True),
+        # the infrastructure's failures (timeouts, outages: rlfactory_core.outcomes), not the model's
+        Panel("infrastructure failures", (("outcome/infrastructure", "train"),
+                                          ("eval/outcome/infrastructure", held_out)), share=True),
         Panel("entropy", (("train/entropy", "policy entropy"),)),
         Panel("KL and clip fraction", (("train/kl", "KL to reference"), ("train/clip_fraction", "clip fraction"))),
         Panel("sampler vs trainer mismatch", (("train/sampler_logprob_diff", "|logp diff| per token"),

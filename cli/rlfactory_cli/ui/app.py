@@ -106,12 +106,12 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     @app.get("/api/runs/{name}/trajectories")
     def trajectories(name: str, kind: str = "eval", step: int | None = None, min_reward: float | None = None,
                      max_reward: float | None = None, stop_reason: str | None = None,
-                     tool_error: str | None = None, sample_id: str | None = None,
+                     tool_error: str | None = None, sample_id: str | None = None, outcome: str | None = None,
                      offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
         return JSONResponse(data.trajectories(
             name, _kind(kind), step=step, min_reward=min_reward, max_reward=max_reward,
             stop_reason=stop_reason or None, tool_error=tool_error or None, sample_id=sample_id or None,
-            offset=offset, limit=limit))
+            outcome=outcome or None, offset=offset, limit=limit))
 
     @app.get("/api/runs/{name}/trajectories/{kind}/{step}/{index}")
     def trajectory(name: str, kind: str, step: int, index: int) -> JSONResponse:

@@ -227,8 +227,8 @@ class RunsData:
 
     def trajectories(self, name: str, kind: str, *, step: int | None = None, min_reward: float | None = None,
                      max_reward: float | None = None, stop_reason: str | None = None,
-                     tool_error: str | None = None, sample_id: str | None = None, offset: int = 0,
-                     limit: int = 100) -> dict[str, Any]:
+                     tool_error: str | None = None, sample_id: str | None = None, outcome: str | None = None,
+                     offset: int = 0, limit: int = 100) -> dict[str, Any]:
         """The recorded trajectories of ``kind`` at ``step`` (every step when None) that pass
         the filters: their scalar columns, ``limit`` of them from ``offset``."""
         import numpy as np
@@ -257,6 +257,9 @@ class RunsData:
             keep.append(pc.less_equal(table["reward"], pa.scalar(float(max_reward))))
         if stop_reason:
             keep.append(pc.equal(table["stop_reason"], pa.scalar(stop_reason)))
+        if outcome:  # a class, or a side: every class on it
+            keep.append(pc.or_kleene(pc.equal(table["outcome"], pa.scalar(outcome)),
+                                     pc.equal(table["outcome_side"], pa.scalar(outcome))))
         if tool_error:  # the rows whose list holds it
             kinds = table["tool_error_kinds"]
             rows = np.zeros(table.num_rows, dtype=bool)
@@ -267,6 +270,8 @@ class RunsData:
             keep.append(pc.match_substring(table["sample_id"], sample_id))
         kept = table.filter(functools.reduce(pc.and_kleene, keep)) if keep else table
         facets = {"stop_reasons": sorted(str(v) for v in pc.unique(table["stop_reason"]).to_pylist() if v),
+                  "outcomes": sorted(str(v) for v in pc.unique(table["outcome"]).to_pylist() if v)
+                  + sorted(str(v) for v in pc.unique(table["outcome_side"]).to_pylist() if v),
                   "tool_errors": sorted(v for v in pc.unique(pc.list_flatten(table["tool_error_kinds"])).to_pylist()
                                         if v is not None)}
         return json_safe({"kind": kind, "steps": list(files), "total": kept.num_rows, "offset": offset,

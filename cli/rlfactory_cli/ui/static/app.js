@@ -155,6 +155,8 @@ const PANELS = [
   {title: "Tool calls per trajectory", keys: ["tools/calls_per_trajectory", "eval/tools/calls_per_trajectory"]},
   {title: "Tool error rate", keys: ["tools/error_rate", "eval/tools/error_rate"]},
   {title: "Stop reasons (training)", prefix: "rollout/stop/", stack: true},
+  // each class's share; the infrastructure's share and the policy-only accuracy are not classes
+  {title: "Outcomes (training)", prefix: "outcome/", exclude: ["infrastructure", "accuracy_policy_only"], stack: true},
   {title: "KL", keys: ["train/kl"]},
   {title: "Entropy", keys: ["train/entropy"]},
   {title: "Clip fraction", keys: ["train/clip_fraction"]},
@@ -216,7 +218,9 @@ async function showRun(name) {
     if (!ok) { put(plotNote, h("div", {class: "error"}, body.error)); return; }
     const series = body.series;
     for (const panel of PANELS) {
-      const keys = panel.prefix ? Object.keys(series).filter(k => k.startsWith(panel.prefix)).sort()
+      const child = k => k.slice(panel.prefix.length);  // a prefix panel: its direct keys, not deeper ones
+      const keys = panel.prefix ? Object.keys(series).filter(k => k.startsWith(panel.prefix) && !child(k).includes("/")
+                                                              && !(panel.exclude || []).includes(child(k))).sort()
                                 : panel.keys.filter(k => series[k]);
       if (!keys.length) continue;
       let el = panels.get(panel.title);
@@ -267,6 +271,7 @@ function showTrajectoryList(box, name, recorded) {
   const maxReward = h("input", {type: "number", step: "any", id: "max-reward", placeholder: "max"});
   const stopReason = h("select", {id: "stop-reason"}, h("option", {value: ""}, "any"));
   const toolError = h("select", {id: "tool-error"}, h("option", {value: ""}, "any"));
+  const outcome = h("select", {id: "outcome"}, h("option", {value: ""}, "any"));
   const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
   const rows = h("tbody");
   const PAGE = 200;
@@ -291,11 +296,13 @@ function showTrajectoryList(box, name, recorded) {
     if (maxReward.value !== "") params.set("max_reward", maxReward.value);
     if (stopReason.value) params.set("stop_reason", stopReason.value);
     if (toolError.value) params.set("tool_error", toolError.value);
+    if (outcome.value) params.set("outcome", outcome.value);
     if (sampleId.value) params.set("sample_id", sampleId.value);
     const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories?${params}`);
     if (!ok) { put(errors, h("div", {class: "error"}, body.error)); put(rows, ); return; }
     put(errors, errorList(body.errors) || "");
-    for (const [select, values] of [[stopReason, body.facets.stop_reasons], [toolError, body.facets.tool_errors]]) {
+    for (const [select, values] of [[stopReason, body.facets.stop_reasons], [toolError, body.facets.tool_errors],
+                                    [outcome, body.facets.outcomes]]) {
       const current = select.value;
       put(select, h("option", {value: ""}, "any"), ...values.map(v => h("option", {value: v}, v)));
       select.value = values.includes(current) ? current : "";
@@ -308,21 +315,22 @@ function showTrajectoryList(box, name, recorded) {
         onclick: () => { location.hash = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`; }},
       h("td", {}, r.step), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
       h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
-      h("td", {}, r.stop_reason || "–"), h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
+      h("td", {}, r.stop_reason || "–"), h("td", {class: r.outcome_side === "infrastructure" ? "outcome-infrastructure" : ""}, r.outcome || "–"),
+      h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
       h("td", {class: "mono"}, String(r.final_answer ?? "").slice(0, 80)))));
   }
 
-  for (const el of [kind, step, stopReason, toolError]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
+  for (const el of [kind, step, stopReason, toolError, outcome]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
   for (const el of [minReward, maxReward, sampleId]) el.addEventListener("change", () => { offset = 0; load(); });
   step.addEventListener("change", () => { step.dataset.chosen = step.value === "" ? "all" : ""; });
   box.addEventListener("recorded", e => { recorded = e.detail; fillSteps(); if (step.value === "") load(); });
   put(box, 
     h("div", {class: "toolbar"}, h("label", {}, "kind", kind), h("label", {}, "step", step),
       h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
-      h("label", {}, "tool error", toolError), sampleId),
+      h("label", {}, "tool error", toolError), h("label", {}, "outcome", outcome), sampleId),
     h("div", {class: "toolbar"}, status, previous, next), errors,
     h("table", {id: "trajectory-table"}, h("thead", {}, h("tr", {}, ["step", "#", "sample", "group", "reward", "advantage",
-      "stop", "turns", "tool errors", "final answer"].map(c => h("th", {}, c)))), rows));
+      "stop", "outcome", "turns", "tool errors", "final answer"].map(c => h("th", {}, c)))), rows));
   fillSteps();
   load();
 }
@@ -451,7 +459,7 @@ async function showTrajectory(name, kind, step, index) {
   const facts = kv("sample", h("span", {class: "mono"}, r.sample_id), "reward", fmt(r.reward),
     "rewards", Object.entries(r.rewards || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–",
     "advantage", fmt(r.advantage), "correct", fmt(r.correct), "stop reason", r.stop_reason || "–",
-    "outcome", r.outcome || "–", "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
+    "outcome", r.outcome ? `${r.outcome}${r.outcome_side ? ` (${r.outcome_side})` : ""}` : "–", "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
     "final answer", h("span", {class: "mono"}, String(r.final_answer ?? "–").slice(0, LONG_TEXT)),
     "expected", h("span", {class: "mono"}, String(r.expected ?? "–").slice(0, LONG_TEXT)),
     "policy version", fmt(r.policy_version),
