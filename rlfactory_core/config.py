@@ -28,6 +28,7 @@ import yaml
 
 from .errors import ConfigError
 from .models import DEFAULT_MODEL
+from .outcomes import FailureHandling
 from .rollout.agent_loop import RolloutConfig
 
 __all__ = [
@@ -299,6 +300,9 @@ class RunConfig(_Section):
     backend_options: dict[str, Any] = _field(dict, "backend constructor options (max_num_seqs, kv_cache_gib, ...)")
     model: ModelSection = _field(ModelSection, "the policy model")
     rollout: RolloutConfig = _field(RolloutConfig, "trajectory generation")
+    failures: FailureHandling = _field(
+        FailureHandling, "how each outcome class trains: the policy's mistakes penalised as scored, the "
+                         "infrastructure's failures masked (rlfactory_core.outcomes)")
     grpo: GRPOSection = _field(GRPOSection, "the algorithm")
     train: TrainSection = _field(TrainSection, "the optimizer and the run length")
     cold_start: ColdStartSection = _field(ColdStartSection, "a supervised warm-up before the first step")

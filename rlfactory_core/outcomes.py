@@ -42,6 +42,16 @@ tool that raises a plain exception) is the policy's by default: the model sees i
 observation and most are its arguments' fault (a missing file, a bad path); pass
 ``unmarked_exception="infrastructure"`` for tools whose plain exceptions are outages.
 
+**Handling** (the run's ``failures`` section, :class:`FailureHandling`), per class or per side:
+
+- ``penalize``: train on it as scored (the default for the policy's classes);
+- ``mask``: out of the loss and out of its group's mean and std, so it moves no baseline (the
+  default for the infrastructure's classes); unlike ``grpo.overlong_filter``, which keeps its
+  rows in the baseline;
+- ``abort``: masked, and the run stops when the class ends more than ``failures.abort_share``
+  of a step's trajectories (default 0.5): one line naming it, the last finished step saved;
+  ``--resume`` continues once the service is back.
+
 This module is a leaf: it imports nothing from the core, so every layer may read it, and it
 is the one source of these vocabularies (tool error kinds, stop reasons, outcomes).
 """
@@ -52,8 +62,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+import pydantic
+
 __all__ = ["POLICY", "INFRASTRUCTURE", "Side", "Outcome", "OUTCOMES", "STOP_REASONS", "TOOL_ERROR_KINDS",
-           "CALL_ERRORS", "LIMIT_STOPS", "ERROR_STOPS", "outcome_of", "side_of", "result_outcome", "outcome_metrics"]
+           "CALL_ERRORS", "LIMIT_STOPS", "ERROR_STOPS", "outcome_of", "side_of", "result_outcome", "outcome_metrics",
+           "Handling", "FailureHandling", "DEFAULT_ABORT_SHARE"]
 
 Side = Literal["policy", "infrastructure"]
 POLICY: Side = "policy"
@@ -196,3 +209,56 @@ def outcome_metrics(prefix: str, outcomes: Sequence[str | None],
     if judged:
         metrics[f"{prefix}/accuracy_policy_only"] = sum(judged) / len(judged)
     return metrics
+
+
+Handling = Literal["penalize", "mask", "abort"]
+#: ``failures.abort_share``'s default: a class with ``abort`` stops the run when it ends more
+#: than half of a step's trajectories
+DEFAULT_ABORT_SHARE = 0.5
+
+
+class FailureHandling(pydantic.BaseModel):
+    """The ``failures`` section of a run's config: how each outcome class trains (module
+    docstring). Unknown keys are errors."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    policy: Handling = pydantic.Field("penalize", description="the policy's classes: train on them as scored")
+    infrastructure: Handling = pydantic.Field(
+        "mask", description="the infrastructure's classes: out of the loss and of their group's baseline")
+    classes: dict[str, Handling] = pydantic.Field(
+        default_factory=dict, description="per class, over its side's handling (e.g. {tool_timeout: abort})")
+    abort_share: float = pydantic.Field(
+        DEFAULT_ABORT_SHARE, gt=0, le=1,
+        description="a class handled 'abort' stops the run when it ends more than this share of a step")
+
+    @pydantic.field_validator("classes")
+    @classmethod
+    def _known_classes(cls, classes: dict[str, Handling]) -> dict[str, Handling]:
+        unknown = sorted(set(classes) - set(OUTCOMES))
+        if unknown:
+            raise ValueError(f"unknown outcome class(es) {', '.join(map(repr, unknown))}: one of {', '.join(OUTCOMES)}")
+        return classes
+
+    def of(self, outcome: str | None) -> Handling:
+        """How ``outcome`` trains; an unclassified trajectory (None) is trained as scored."""
+        if outcome is None:
+            return "penalize"
+        return self.classes.get(outcome) or (self.policy if OUTCOMES[outcome].side == POLICY else self.infrastructure)
+
+    def masked(self, outcomes: Sequence[str | None]) -> list[bool]:
+        """Per trajectory: whether it is left out of the loss and of its group's baseline."""
+        return [self.of(o) in ("mask", "abort") for o in outcomes]
+
+    def aborting(self, outcomes: Sequence[str | None]) -> str | None:
+        """The class handled ``abort`` whose share of ``outcomes`` (a step's) is over
+        ``abort_share`` (the largest such), as one line for the user; None when none is."""
+        if not outcomes:
+            return None
+        over = [(count / len(outcomes), name) for name, count in Counter(o for o in outcomes if o).items()
+                if self.of(name) == "abort" and count / len(outcomes) > self.abort_share]
+        if not over:
+            return None
+        share, name = max(over)
+        return (f"{share:.0%} of the step's trajectories ended in {name} ({OUTCOMES[name].description}), over "
+                f"failures.abort_share {self.abort_share:g}")

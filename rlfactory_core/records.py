@@ -272,7 +272,8 @@ def _calls(trajectory: Any) -> list[dict[str, Any]]:
                       "id": call.id, "turn": turns[i] if i < len(turns) else None,
                       "result": None if result is None else result.content,
                       "error": None if result is None else result.error,
-                      "infrastructure": None if result is None else result.infrastructure,
+                      "infrastructure": None if result is None or not isinstance(result.infrastructure, bool)
+                      else result.infrastructure,
                       "latency_s": None if result is None else float(result.latency_s)})
     return calls
 

@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator, Sequence
 from .config import RunConfig
 from .data import load_samples
 from .engines import build_driver_task, make_engine
-from .errors import ConfigError, Interrupted, one_line
+from .errors import ConfigError, Interrupted, RLFactoryError, one_line
 from .evaluation import run_eval
 from .families import TEMPLATE, choose_family, tokenizer_sha256, with_recorded_family
 from .logs import LOG_FILE, log_to
@@ -45,7 +45,7 @@ from .training.checkpoint import latest_checkpoint, rng_state, set_rng_state
 from .training.logprobs import bf16_warning
 from .training.policy import training_device
 
-__all__ = ["Run", "Prepared", "prepare", "opened", "step_started", "say", "TrainingInterrupted"]
+__all__ = ["Run", "Prepared", "prepare", "opened", "step_started", "say", "TrainingInterrupted", "RunAborted"]
 
 
 class TrainingInterrupted(Interrupted):
@@ -54,6 +54,12 @@ class TrainingInterrupted(Interrupted):
     a process that the signal ended (130 for Ctrl-C)."""
 
     exit_code = 128 + signal.SIGINT
+
+
+class RunAborted(RLFactoryError):
+    """A step's failures crossed ``failures.abort_share`` for a class handled ``abort``
+    (:mod:`rlfactory_core.outcomes`): the step was not trained, the last finished step is
+    saved, and the run ends ``failed`` with this message."""
 
 
 @dataclass
@@ -254,6 +260,15 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
                   family=prepared.family)
         with view:
             yield run
+    except RunAborted as exc:  # the step was not trained: its model is that of the last finished step
+        if run is not None and run.finished_step > run.last_saved:
+            if run.rng_before_step is not None:
+                set_rng_state(run.rng_before_step)
+            await run.save(run.finished_step)
+        saved = saved if run is None else run.last_saved
+        raise RunAborted(f"{exc.message}; " + (f"step {saved} is saved: once the service is back, continue with "
+                                                f"`rlf train --resume {run_dir}`" if saved else
+                                                "no step had finished, nothing to save"), exc.hint) from None
     except (PhaseDropped, asyncio.CancelledError):
         if not stop.requested:  # cancelled by the caller, not by a signal
             raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,7 +29,7 @@ from .families import TEMPLATE
 from .outcomes import outcome_metrics
 from .records import trajectory_records, write_records
 from .rollout import rollout_metrics
-from .run import Run
+from .run import Run, RunAborted
 from .stopping import PhaseDropped
 from .training.assembly import BatchAssembler, group_filters
 from .training.batch import build_batch, trajectory_rows
@@ -133,12 +134,18 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
 async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
     """Advantages and the update on the step's batch; the data position moves past every
     sample rolled out for it."""
+    aborting = run.config.failures.aborting(rollout.assembled.scored.outcomes)
+    if aborting:  # before anything of the step is trained or counted: a resume redoes it
+        raise RunAborted(f"step {step} not trained: {aborting}",
+                         hint="the service's failures are logged per trajectory (rlf ui, outcome filter); raise "
+                              "failures.abort_share or handle the class with mask to train on")
     run.rng_before_step = None  # from here on a stop request finishes the step and saves it
     run.view.phase("train")
     t = time.perf_counter()
     config, trajectories, scored = run.config, rollout.assembled.trajectories, rollout.assembled.scored
     batch = build_batch(trajectories, scored.totals, config, run.pad_id, run.processor,
-                        reward_turn_rewards=scored.turn_rewards, policy_version=run.engine.policy_version)
+                        reward_turn_rewards=scored.turn_rewards, policy_version=run.engine.policy_version,
+                        masked=config.failures.masked(scored.outcomes))
     # the first groups are recorded token by token; the update leaves their logprobs before it
     # in the batch (rlfactory_core.records)
     marks = [t.group < config.logging.record_train_groups for t in trajectories]
@@ -267,6 +274,8 @@ def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, u
     advantages = update.advantages
     metrics = scored.metrics("reward")
     metrics.update(outcome_metrics("outcome", scored.outcomes, scored.correct))
+    masked = Counter(o for o, m in zip(scored.outcomes, config.failures.masked(scored.outcomes)) if m)
+    metrics.update({f"outcome/masked/{name}": count / len(scored.outcomes) for name, count in sorted(masked.items())})
     groups: dict[int, list[float]] = {}
     for trajectory, total in zip(trajectories, scored.totals):
         groups.setdefault(trajectory.group, []).append(total)

@@ -60,6 +60,29 @@ def test_groups_are_data_not_positions_and_may_differ_in_size():
     assert close(group_advantages(rewards, [3, 4, 3, 4, 4, 7], "none"), [0.0, -1.0, 0.0, 0.0, 1.0, 0.0])
 
 
+def test_masked_failures_move_no_baseline_by_hand():
+    """A group of four (1, 0, 0, 0) whose third member timed out (its 0 is no verdict): left
+    out, the group is (1, 0, 0): mean 1/3, deviations (2/3, -1/3, -1/3), sample std
+    sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3); the masked row gets 0. Kept in, the timeout
+    would have lowered the mean to 1/4 and raised the winner's advantage."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    include = [True, True, False, True]
+    s = math.sqrt(1 / 3)
+    assert close(group_advantages(rewards, [0] * 4, "group", include=include),
+                 [(2 / 3) / s, (-1 / 3) / s, 0.0, (-1 / 3) / s], 1e-4)
+    assert close(group_advantages(rewards, [0] * 4, "none", include=include), [2 / 3, -1 / 3, 0.0, -1 / 3])
+    # the batch std is over the kept rows too: (1, 0, 0) and a second group (2, 4) with 4 masked
+    # -> kept rewards (1, 0, 0, 2): mean 0.75, var = (0.0625 + 0.5625 * 2 + 1.5625) / 3 = 0.91667
+    both = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 4.0]), [0, 0, 0, 0, 1, 1], "batch",
+                            include=[True, True, False, True, True, False])
+    std = math.sqrt((0.0625 + 0.5625 * 2 + 1.5625) / 3)
+    assert close(both, [(2 / 3) / std, (-1 / 3) / std, 0.0, (-1 / 3) / std, 0.0, 0.0], 1e-4)
+    # every member masked: nothing to learn from the group, nothing divides by zero
+    assert close(group_advantages(rewards, [0] * 4, "group", include=[False] * 4), [0.0] * 4)
+    with pytest.raises(ValueError, match="include must be 4 bools"):
+        group_advantages(rewards, [0] * 4, include=[True])
+
+
 def test_group_advantages_refuse_bad_groups_and_norms():
     with pytest.raises(ValueError, match="groups must be 4 integer group ids"):
         group_advantages(REWARDS, [0, 0, 1])

@@ -9,6 +9,7 @@ import asyncio
 import time
 
 import pytest
+import torch
 
 from rlfactory_core import (CALL_ERRORS, OUTCOMES, InfrastructureError, ToolCall, ToolResult, Trajectory,
                             TransientToolError, function_tool, outcome_of)
@@ -175,6 +176,14 @@ def test_real_failing_tools_through_the_tool_manager_produce_their_classes():
         "tool_timeout", "tool_unavailable", "tool_infra_error", "tool_error_caused_by_call", "invalid_arguments",
         "unknown_tool"]
     assert len(attempts) == 3 and results[2].infrastructure is True and results[3].infrastructure is None
+
+    @function_tool
+    def odd(query: str) -> ToolResult:
+        """Marks its failure with something that is not a bool."""
+        return ToolResult(name="odd", content="Error: no", error="busy", infrastructure="yes")
+
+    [marked] = asyncio.run(ConcurrentToolManager([odd]).call([ToolCall(name="odd", arguments={"query": "q"})], {}))
+    assert marked.infrastructure is None and outcomes.result_outcome(marked) == "tool_error_caused_by_call"
     assert outcome_of(_trajectory(results=results)) == "tool_unavailable"
 
 
@@ -225,3 +234,141 @@ def test_outcome_metrics_by_hand():
     assert outcomes.outcome_metrics("eval/outcome", ["answered"]) == {"eval/outcome/answered": 1.0,
                                                                       "eval/outcome/infrastructure": 0.0}
     assert outcomes.outcome_metrics("outcome", [None, None]) == {}
+
+
+def test_masked_failures_carry_no_loss_and_move_no_baseline_in_the_batch():
+    from rlfactory_core.config import load_config
+    from rlfactory_core.training.batch import build_batch
+    from rlfactory_core.training.grpo import group_advantages
+    from rlfactory_core.types import Segment
+
+    def member(group, tokens):
+        t = Trajectory(sample_id=f"s{group}", prompt_ids=[1, 2, 3], stop_reason="no_tool_call", group=group)
+        t.segments.append(Segment("model", [7] * tokens, [-0.5] * tokens))
+        return t
+
+    rows = [member(0, 5), member(0, 5), member(0, 5), member(1, 4), member(1, 4)]
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.0]
+    outcomes_ = ["answered", "tool_timeout", "answered", "answered", "reward_error"]
+    config = load_config([], [])
+    masked = config.failures.masked(outcomes_)
+    assert masked == [False, True, False, False, True]  # the infrastructure's classes, by default
+    batch = build_batch(rows, rewards, config, pad_id=0, masked=masked)
+    assert batch["loss_mask"].sum(-1).tolist() == [5, 0, 5, 4, 0]
+    want = group_advantages(torch.tensor(rewards), [0, 0, 0, 1, 1], "group", include=[not m for m in masked])
+    assert torch.equal(batch["sequence_advantages"], want) and want[1] == want[4] == 0.0
+    assert batch["trajectory_tokens"].tolist() == [5, 0, 5, 4, 0]  # the loss normalisers count no masked token
+    penalized = load_config([], ["failures.infrastructure=penalize"]).failures.masked(outcomes_)
+    assert penalized == [False] * 5  # today's behaviour, on request
+
+
+SERVICE = {"fails": lambda expression: "+" in expression}  # when the calculator's service fails
+
+
+async def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression."""
+    if SERVICE["fails"](expression):
+        raise InfrastructureError("the calculator service answered 503")
+    return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - digits and one operator
+
+
+def calls_then_answers(text):
+    """A scripted model: calls the calculator on the question, then answers with what it said."""
+    question = text.rsplit("What is ", 1)[1]
+    if "<tool_response>" not in question:
+        call = '{"name": "calculator", "arguments": {"expression": "%s"}}' % question.split("?", 1)[0]
+        return f"<tool_call>\n{call}\n</tool_call>"
+    return "The answer is " + question.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
+
+
+def flaky_run(run_dir, model_dir, *overrides, resume=None, after_step=None):
+    """A run of the arithmetic task on the flaky calculator, with the scripted model;
+    ``after_step(step)`` is called as each step ends."""
+    from rlfactory_arithmetic import ArithmeticEnv
+
+    from rlfactory_core import hookimpl
+    from rlfactory_core.config import load_config
+    from rlfactory_core.models import load_tokenizer
+    from rlfactory_core.testing import ScriptedBackend, registered_plugin, scripted_backend, train
+
+    class FlakyArithmetic(ArithmeticEnv):
+        name, description = "flaky_arithmetic", "arithmetic whose calculator service fails"
+
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.tools = [function_tool(calculator)]  # the name the model calls
+
+    class Plugin:
+        @hookimpl
+        def rlfactory_register_envs(self, register):
+            register(FlakyArithmetic)
+
+        @hookimpl
+        def rlfactory_on_train_step_end(self, step, metrics):
+            if after_step is not None:
+                after_step(step)
+
+    config = load_config([], ["env=flaky_arithmetic", "backend=hf", f"model.name={model_dir}", f"run_dir={run_dir}",
+                              "train.steps=1", "grpo.prompts_per_step=4", "grpo.group_size=2", "rollout.max_turns=2",
+                              "data.eval_size=4", "eval.every=0", "logging.live=off", "logging.tensorboard=false",
+                              "logging.record_train_groups=4", "env_options={few_shot: false}",
+                              "cold_start.source=off", *overrides])
+    with registered_plugin(Plugin()), scripted_backend(
+            lambda path: ScriptedBackend(load_tokenizer(path), calls_then_answers)):
+        return train(config, resume=resume)
+
+
+def test_a_run_masks_a_failing_services_trajectories_and_counts_them(tmp_path, tiny_model_dir):
+    """The calculator's service fails on sums (InfrastructureError), the scripted model always
+    calls it: the sums' trajectories end tool_infra_error and are masked; with
+    failures.infrastructure=penalize they train as scored."""
+    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.records import RunRecords
+
+    SERVICE["fails"] = lambda expression: "+" in expression
+    flaky_run(tmp_path / "masked", tiny_model_dir)
+    step, records = read_metrics(tmp_path / "masked")[1], RunRecords(tmp_path / "masked")
+    share = step["outcome/tool_infra_error"]
+    assert 0 < share < 1 and step["outcome/masked/tool_infra_error"] == share
+    assert step["outcome/infrastructure"] == share and "eval/outcome/infrastructure" in step
+    for row in records.list("train", 1):
+        failed = row["outcome"] == "tool_infra_error"
+        assert row["outcome_side"] == ("infrastructure" if failed else "policy")
+        assert (row["advantage"] == 0.0) if failed else row["outcome"] == "answered"
+    flaky_run(tmp_path / "penalized", tiny_model_dir, "failures.infrastructure=penalize")
+    penalized = read_metrics(tmp_path / "penalized")[1]
+    assert penalized["outcome/tool_infra_error"] == share and "outcome/masked/tool_infra_error" not in penalized
+
+
+def test_a_step_mostly_lost_to_an_outage_aborts_saves_the_last_step_and_resumes(tmp_path, tiny_model_dir):
+    """failures.classes={tool_infra_error: abort}: the service goes down after step 1, so step
+    2's trajectories all end tool_infra_error: the run stops before training it, with one line
+    naming the class, status failed, step 1 saved (checkpoint.every would not have saved it);
+    once the service is back, --resume trains step 2 from there."""
+    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.run import RunAborted
+    from rlfactory_core.run_status import read_status
+    from rlfactory_core.testing import latest_checkpoint
+
+    def outage(step):
+        SERVICE["fails"] = lambda expression: True  # down from the step after step 1
+
+    SERVICE["fails"] = lambda expression: False
+    run_dir = tmp_path / "run"
+    settings = ["train.steps=2", "checkpoint.every=100", "failures.classes={tool_infra_error: abort}"]
+    with pytest.raises(RunAborted) as aborted:
+        flaky_run(run_dir, tiny_model_dir, *settings, after_step=outage)
+    message = str(aborted.value)
+    assert "\n" not in message and message.startswith(
+        "step 2 not trained: 100% of the step's trajectories ended in tool_infra_error")
+    assert f"step 1 is saved: once the service is back, continue with `rlf train --resume {run_dir}`" in message
+    status = read_status(run_dir)
+    assert status.state == "failed" and "tool_infra_error" in status.message
+    assert latest_checkpoint(run_dir).name == "step-000001"
+    assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == [1]
+
+    SERVICE["fails"] = lambda expression: False  # the service is back
+    flaky_run(run_dir, tiny_model_dir, *settings, resume=run_dir)
+    assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == [1, 2]
+    assert read_status(run_dir).state == "finished" and latest_checkpoint(run_dir).name == "step-000002"
+    SERVICE["fails"] = lambda expression: "+" in expression

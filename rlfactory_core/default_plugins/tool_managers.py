@@ -465,6 +465,10 @@ def _as_result(name: str, value: Any) -> ToolResult:
         # A copy: a tool may return the same object twice (a constant), and we annotate it.
         result = _copy(value)
         result.name = name
+        if result.infrastructure not in (True, False, None):  # a mark that is not one reads as none
+            log.warning("tool %r returned infrastructure=%r (not True, False or None): read as None", name,
+                        result.infrastructure)
+            result.infrastructure = None
         if result.error is not None:
             result.metadata["tool_error"] = result.error
             result.error = "tool_error"

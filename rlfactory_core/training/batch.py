@@ -133,14 +133,16 @@ def turn_reward_tensor(trajectories: Sequence[Any], width: int,
 
 def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int,
                 processor: Any = None, *, reward_turn_rewards: Sequence[Sequence[float]] | None = None,
-                policy_version: int | None = None) -> Any:
+                policy_version: int | None = None, masked: Sequence[bool] | None = None) -> Any:
     """The rollout batch as a TensorDict (see above), with per-token advantages computed
     within each trajectory's ``group``; with images (a vision-language model's
     ``processor``), their model inputs too. With ``grpo.overlong_filter`` the rows of
     cut-off trajectories get an empty loss mask. ``reward_turn_rewards``: the rewards' per-turn
     rewards of each row, added to the env's. ``policy_version``: the trainer's version the
     update starts from; each sampled token's ``staleness`` is how many versions older the
-    weights that sampled it were (0 where the backend did not say)."""
+    weights that sampled it were (0 where the backend did not say). ``masked``: per trajectory,
+    whether it is a failure left out (:mod:`rlfactory_core.outcomes`): no loss, and out of its
+    group's mean and std."""
     import torch
 
     from .grpo import group_advantages, token_advantages
@@ -152,7 +154,9 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     index = td["trajectory"]
     if processor is not None and any(t.images for t in trajectories):
         _add_image_inputs(td, trajectories, processor)
-    advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), groups, config.grpo.advantage_norm)
+    include = None if masked is None else [not m for m in masked]
+    advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), groups, config.grpo.advantage_norm,
+                                  include=include)
     row_advantages = advantages[index]
     turn_rewards = None
     has_turn_rewards = any(any(t.turn_rewards) for t in trajectories) or any(
@@ -176,6 +180,10 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
 
         for row, trajectory_index in enumerate(index.tolist()):
             if cut_off(trajectories[trajectory_index]):
+                td["loss_mask"][row] = 0
+    if masked is not None:  # the failures left out carry no loss either
+        for row, trajectory_index in enumerate(index.tolist()):
+            if masked[trajectory_index]:
                 td["loss_mask"][row] = 0
     td["advantages"] = token_advantages(row_advantages, td["loss_mask"], turn_rewards)
     td["sequence_advantages"] = advantages[index]

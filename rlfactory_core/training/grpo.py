@@ -60,12 +60,14 @@ LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int], norm: AdvantageNorm = "group",
-                     eps: float = 1e-6) -> torch.Tensor:
+                     eps: float = 1e-6, include: torch.Tensor | Sequence[bool] | None = None) -> torch.Tensor:
     """``[B]`` advantages for ``[B]`` rewards; ``groups[i]`` is row ``i``'s group (the
     trajectories of one prompt), in any order. Each reward minus its group's mean, divided
     by the group's unbiased std (``group``), the batch's (``batch``) or nothing (``none``).
     Groups may differ in size (a trajectory lost to a failure leaves its group smaller); a
-    group of one has advantage 0."""
+    group of one has advantage 0. ``include`` (``[B]`` bools, default all): rows left out
+    (a masked failure: :mod:`rlfactory_core.outcomes`) get advantage 0 and count in no
+    mean or std, as if their group were smaller."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D, got shape {tuple(rewards.shape)}")
     groups = torch.as_tensor(groups)
@@ -74,11 +76,14 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int]
                          f"{groups.dtype}")
     if norm not in ("group", "batch", "none"):
         raise ValueError(f"advantage norm must be 'group', 'batch' or 'none', got {norm!r}")
+    kept = torch.ones(rewards.shape, dtype=torch.bool) if include is None else torch.as_tensor(include, dtype=torch.bool)
+    if kept.shape != rewards.shape:
+        raise ValueError(f"include must be {rewards.numel()} bools, got {tuple(kept.shape)}")
     rewards = rewards.float()
     centred = torch.zeros_like(rewards)
     group_std = torch.zeros_like(rewards)
-    for group in groups.unique():
-        rows = groups == group
+    for group in groups[kept].unique():
+        rows = (groups == group) & kept
         values = rewards[rows]
         centred[rows] = values - values.mean()
         if values.numel() > 1:
@@ -87,7 +92,7 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int]
         return centred
     if norm == "group":
         return centred / (group_std + eps)
-    std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+    std = rewards[kept].std() if int(kept.sum()) > 1 else rewards.new_zeros(())
     return centred / (std + eps)
 
 

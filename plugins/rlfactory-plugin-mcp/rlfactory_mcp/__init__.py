@@ -16,7 +16,7 @@ from .config import ServerSpec, load_mcp_config, parse_mcp_config
 from .env import MCPEnv
 
 #: the plugin API versions this plugin works with (checked when rlfactory loads it)
-rlfactory_api = ">=1.0,<2"
+rlfactory_api = ">=1.3,<2"  # InfrastructureError came in 1.3
 
 __all__ = ["MCPEnv", "MCPServerError", "MCPTool", "MCPToolset", "ServerOptions", "ServerSpec", "load_mcp_config",
            "load_mcp_tools", "parse_mcp_config", "result_text", "rlfactory_register_envs"]

@@ -49,7 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from rlfactory_core import ConfigError, RLFactoryError, ToolArgumentsError, ToolResult, one_line
+from rlfactory_core import (ConfigError, InfrastructureError, RLFactoryError, ToolArgumentsError, ToolResult,
+                            TransientToolError, one_line)
 
 from .config import ServerSpec, load_mcp_config
 from .failures import (SPAWN_ERRORS, cause_in_words, is_connection_closed, leaves, offending_input,
@@ -67,6 +68,16 @@ _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 # The MCP SDK's MCP_DEFAULT_TIMEOUT and MCP_DEFAULT_SSE_READ_TIMEOUT (in a private module).
 _HTTP_TIMEOUT_S = 30.0
 _SSE_READ_TIMEOUT_S = 300.0
+
+
+class MCPTimeoutError(InfrastructureError, TimeoutError):
+    """A call the server did not answer in time (a slow tool, or a hung server, restarted): the
+    service's failure, not the call's (rlfactory_core.outcomes)."""
+
+
+class MCPConnectionLost(TransientToolError):
+    """The server's connection was lost again after a restart: worth a later retry (the tool
+    manager's); once retries are spent, the trajectory's outcome is tool_unavailable."""
 
 
 class MCPServerError(RLFactoryError):
@@ -355,8 +366,8 @@ class _ServerPool:
             try:
                 return await asyncio.wait_for(session.client.call_tool(tool, arguments), self.options.timeout_s)
             except asyncio.TimeoutError:
-                timed_out = TimeoutError(f"{tool} on MCP server {self.spec.name!r} took longer than "
-                                         f"{self.options.timeout_s:g} s")
+                timed_out = MCPTimeoutError(f"{tool} on MCP server {self.spec.name!r} took longer than "
+                                            f"{self.options.timeout_s:g} s")
                 if await session.responsive():
                     raise timed_out from None  # the tool is slow, the server is fine
                 session.failed("does not answer (hung)")
@@ -364,6 +375,9 @@ class _ServerPool:
                     await self._discard(slot, session)
                     raise timed_out from None
             except Exception as exc:
+                if attempt == 2 and _connection_lost(exc, session):
+                    raise MCPConnectionLost(f"MCP server {self.spec.name!r} lost its connection again after a "
+                                            f"restart: {one_line(exc)}") from exc
                 if attempt == 2 or not _connection_lost(exc, session):
                     raise
                 session.failed(f"lost its connection ({one_line(exc)})")

@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from mcp_testing import server_processes, stdio_toolbox, time_server
-from rlfactory_core import ConfigError, ToolCall
+from rlfactory_core import ConfigError, InfrastructureError, ToolCall, Trajectory, outcome_of
 from rlfactory_core.testing import ConcurrentToolManager
 from rlfactory_mcp import load_mcp_tools, parse_mcp_config
 
@@ -169,8 +169,13 @@ async def test_a_slow_tool_times_out_and_a_hung_server_is_restarted(caplog):
     try:
         found = by_name(tools)
         # slow, but the server still answers: a timeout, no restart
-        with pytest.raises(TimeoutError, match="slow on MCP server 'box' took longer than 1 s"):
+        with pytest.raises(TimeoutError, match="slow on MCP server 'box' took longer than 1 s") as slow:
             await found["slow"].call({"seconds": 5})
+        assert isinstance(slow.value, InfrastructureError)  # the service's failure, not the call's
+        manager = ConcurrentToolManager([found["slow"]], timeout_s=30)
+        [result] = await manager.call([ToolCall(name=found["slow"].name, arguments={"seconds": 5})], {})
+        ended = Trajectory(sample_id="s", prompt_ids=[1], tool_results=[result], stop_reason="env_done")
+        assert result.infrastructure is True and outcome_of(ended) == "tool_infra_error"
         assert tools.restarts == 0
         # Five calls hang the server: the probe fails, it is restarted and the calls retried
         # (and they hang it again: it is dropped). One warning line for each of those two
