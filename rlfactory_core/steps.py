@@ -113,7 +113,7 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
     if position is None:
         position = run.position
         run.view.phase("rollout")  # a rollout ahead runs behind the phase in progress
-    assembler = BatchAssembler(g.prompts_per_step, group_filters(config))
+    assembler = BatchAssembler(g.prompts_per_step, group_filters(config), config.failures.masked)
     samples: list[Any] = []
     positions: list[int] = []
     times: dict[str, float] = {}

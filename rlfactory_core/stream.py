@@ -102,8 +102,9 @@ class GroupStream:
             if not state.running and (count := self._wants_more(state)) and self._admitted(step):
                 self._start(step, state, count)
         while self.next_step <= self.last and self._admitted(self.next_step):
-            state = self.steps[self.next_step] = _Step(BatchAssembler(self.run.config.grpo.prompts_per_step,
-                                                                      group_filters(self.run.config)))
+            config = self.run.config
+            state = self.steps[self.next_step] = _Step(BatchAssembler(config.grpo.prompts_per_step,
+                                                                      group_filters(config), config.failures.masked))
             self._start(self.next_step, state, self.run.config.grpo.prompts_per_step)
             self.next_step += 1
 

@@ -18,9 +18,10 @@ with ``installed_plugins()``. ``ScriptedBackend`` writes scripted model turns (t
 ids, per call or per prompt) where a test needs a model's turns but not a model, and
 ``scripted_backend(...)`` makes every backend a run builds a scripted one (``rlf eval`` in
 process). ``build_tiny_model`` saves a tiny random model of an architecture with a real
-tokenizer; ``shared_tokenizer(name)`` loads an offline tokenizer once per process. ``HookCallRecorder`` records which hooks were called (pluggy's hook-call
-monitoring): the root ``conftest.py`` uses it to fail a whole test session in which some
-hook was never called.
+tokenizer; ``shared_tokenizer(name)`` loads an offline tokenizer once per process.
+``HookCallRecorder`` records which hooks were called (pluggy's hook-call monitoring): the
+root ``conftest.py`` uses it to fail a whole test session in which some hook was never
+called.
 
 A response parser meets the bar every registered parser is held to (adversarial text,
 linear cost, bounded recursion, declared types) when ``check_parser_conformance(parser)``

@@ -70,6 +70,24 @@ def test_groups_without_a_reward_difference_are_dropped_and_the_batch_is_filled_
                              **LENGTHS}
 
 
+def test_the_filters_judge_a_group_by_the_members_that_will_train():
+    """A group whose rewards differ only because a member timed out (its 0 is no verdict, and
+    it is masked) has nothing to learn: dynamic sampling drops it; a group left with two
+    different rewards after the mask is kept."""
+    trajectories, scored = rollout([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]], "a")
+    scored.outcomes = ["answered", "tool_timeout", "answered", "answered", "tool_timeout", "answered"]
+    masked = load_config([], []).failures.masked
+    assembler = BatchAssembler(2, [informative], masked)
+    assembler.add(trajectories, scored)
+    assert assembler.needed == 1  # group a0 is (1, 1) once the timeout is left out: dropped
+    batch = assembler.assemble()
+    # the masked member stays in the batch (no loss, no baseline), for its records
+    assert [t.sample_id for t in batch.trajectories] == ["a1.0", "a1.1", "a1.2"]
+    everything = BatchAssembler(2, [informative])  # without the run's mask: as before
+    everything.add(*rollout([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]], "a"))
+    assert everything.needed == 0
+
+
 def test_when_no_group_is_informative_the_first_rollout_is_trained_on_as_without_the_filter():
     assembler = BatchAssembler(2, [informative])
     assembler.add(*rollout([[1.0, 1.0], [0.0, 0.0]], "a"))

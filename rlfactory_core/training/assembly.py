@@ -20,7 +20,9 @@ trajectory) and ``batch/generated_turns_mean`` / ``batch/trained_turns_mean`` co
 trajectory rolled out for the step with those it trains on.
 
 A filter is a function of one group (its trajectories and their total rewards) that says
-whether to keep it; more (dropping failed trajectories, a staleness bound) plug in here.
+whether to keep it; more (a staleness bound) plug in here. Filters see the members that will
+train: a failure the run masks (:mod:`rlfactory_core.outcomes`) is left out of what they see,
+so a group whose rewards differ only by a timed-out member counts as uninformative.
 """
 
 from __future__ import annotations
@@ -61,8 +63,10 @@ class BatchAssembler:
     """Collects the groups of a step's rollouts (:meth:`add`) until ``wanted`` of them passed
     every filter; :meth:`assemble` gives the batch."""
 
-    def __init__(self, wanted: int, filters: Sequence[GroupFilter] = ()):
+    def __init__(self, wanted: int, filters: Sequence[GroupFilter] = (),
+                 masked: Callable[[Sequence[str | None]], list[bool]] | None = None):
         self.wanted, self.filters = wanted, list(filters)
+        self.masked = masked  # outcomes -> which members are left out (the run's failures.masked)
         self._kept: list[tuple[list[Any], ScoredBatch]] = []
         self._first: list[tuple[list[Any], ScoredBatch]] = []  # the first rollout's groups: the fallback
         self.rollouts = 0
@@ -86,9 +90,19 @@ class BatchAssembler:
             if self.rollouts == 0:
                 self._first.append(group)
             self.sampled += 1
-            if self.needed and all(keep(group[0], group[1].totals) for keep in self.filters):
+            if self.needed and self._passes(*group):
                 self._kept.append(group)
         self.rollouts += 1
+
+    def _passes(self, members: list[Any], scored: ScoredBatch) -> bool:
+        """Whether every filter keeps the group, judged on the members that will train."""
+        if not self.filters:
+            return True
+        left_out = self.masked(scored.outcomes) if self.masked is not None else [False] * len(members)
+        training = [(m, total) for m, total, out in zip(members, scored.totals, left_out) if not out]
+        if not training:
+            return False
+        return all(keep([m for m, _ in training], [t for _, t in training]) for keep in self.filters)
 
     def assemble(self) -> Assembled:
         groups = self._kept or self._first

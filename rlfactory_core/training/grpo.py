@@ -76,7 +76,8 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int]
                          f"{groups.dtype}")
     if norm not in ("group", "batch", "none"):
         raise ValueError(f"advantage norm must be 'group', 'batch' or 'none', got {norm!r}")
-    kept = torch.ones(rewards.shape, dtype=torch.bool) if include is None else torch.as_tensor(include, dtype=torch.bool)
+    kept = torch.ones(rewards.shape, dtype=torch.bool) if include is None else \
+        torch.as_tensor(include, dtype=torch.bool)
     if kept.shape != rewards.shape:
         raise ValueError(f"include must be {rewards.numel()} bools, got {tuple(kept.shape)}")
     rewards = rewards.float()
