@@ -340,24 +340,33 @@ def test_a_run_masks_a_failing_services_trajectories_and_counts_them(tmp_path, t
     assert penalized["outcome/tool_infra_error"] == share and "outcome/masked/tool_infra_error" not in penalized
 
 
-def test_a_step_mostly_lost_to_an_outage_aborts_saves_the_last_step_and_resumes(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
+def test_a_step_mostly_lost_to_an_outage_aborts_saves_the_last_step_and_resumes(tmp_path, tiny_model_dir, mode):
     """failures.classes={tool_infra_error: abort}: the service goes down after step 1, so step
     2's trajectories all end tool_infra_error: the run stops before training it, with one line
     naming the class, status failed, step 1 saved (checkpoint.every would not have saved it);
-    once the service is back, --resume trains step 2 from there."""
+    once the service is back, --resume trains step 2 from there. In every training mode (the
+    overlapping ones roll step 2 out while step 1 trains: its outage starts with step 1's
+    rollout done, so step 2's rollout fails whenever it runs)."""
     from rlfactory_core.metrics import read_metrics
     from rlfactory_core.run import RunAborted
     from rlfactory_core.run_status import read_status
     from rlfactory_core.testing import latest_checkpoint
 
-    def outage(step):
-        SERVICE["fails"] = lambda expression: True  # down from the step after step 1
+    from rlfactory_arithmetic import ArithmeticEnv
 
-    SERVICE["fails"] = lambda expression: False
+    from rlfactory_core.data import batch_indices
+
+    # the service fails on step 2's questions (the data order's prompts 4-7), whenever they run
+    samples = ArithmeticEnv().dataset(split="train")
+    step_2 = {samples[i]["questions"][0].removeprefix("What is ").rstrip("?")
+              for i in batch_indices(len(samples), 8, seed=0, position=0)[4:]}
+    SERVICE["fails"] = lambda expression: expression in step_2
     run_dir = tmp_path / "run"
-    settings = ["train.steps=2", "checkpoint.every=100", "failures.classes={tool_infra_error: abort}"]
+    settings = ["train.steps=2", "checkpoint.every=100", "failures.classes={tool_infra_error: abort}",
+                f"train.mode={mode}", "grpo.tis_cap=2.0"]
     with pytest.raises(RunAborted) as aborted:
-        flaky_run(run_dir, tiny_model_dir, *settings, after_step=outage)
+        flaky_run(run_dir, tiny_model_dir, *settings)
     message = str(aborted.value)
     assert "\n" not in message and message.startswith(
         "step 2 not trained: 100% of the step's trajectories ended in tool_infra_error")

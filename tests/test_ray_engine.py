@@ -32,6 +32,7 @@ from rlfactory_core.config import load_config  # noqa: E402
 from rlfactory_core.data import batch_indices  # noqa: E402
 from rlfactory_core.errors import ConfigError, RLFactoryError  # noqa: E402
 from rlfactory_core.metrics import read_metrics  # noqa: E402
+from rlfactory_core.outcomes import result_outcome  # noqa: E402
 from rlfactory_core.records import RunRecords  # noqa: E402
 from rlfactory_core.engines.ray import RayEngine  # noqa: E402
 from rlfactory_core.engines.ray.actors import SharedTool, ToolActor  # noqa: E402
@@ -416,6 +417,7 @@ def test_a_shared_tool_serves_calls_and_its_failures_become_tool_errors(ray_clus
     assert after_restart[0].ok and "42" in after_restart[0].content
     assert not gone[0].ok and "actor is unavailable" in gone[0].content  # what the model reads
     assert gone[0].metadata["attempts"] == 3  # the manager's retries (max_retries=2) were used
+    assert result_outcome(gone[0]) == "tool_unavailable"  # the infrastructure's, not the model's call's
 
 
 def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally(ray_cluster, default_model_dir,
