@@ -445,6 +445,8 @@ def test_rlf_train_engine_ray_trains_with_tools_a_judge_pool_and_resumes_locally
     assert all(m["tools/errors"] == 0 for m in steps if "tools/errors" in m)
     assert all("reward/exact_match" in m and m["reward/errors"] == 0 for m in steps)  # scored on the pool
     assert all(m["weight_sync/mb"] > 100 for m in steps)
+    # each trajectory classified on the rollout workers (rlfactory_core.outcomes): nothing of the services failed
+    assert all(m["outcome/infrastructure"] == 0.0 for m in steps)
     evaluated = [m for m in metrics if m["step"] == 1 and "eval/reward/exact_match" in m]
     assert evaluated and evaluated[0]["eval/reward/errors"] == 0  # on the workers, after the push
     assert latest_checkpoint(run_dir).name == "step-000001"
