@@ -478,7 +478,8 @@ def config_errors(error: pydantic.ValidationError) -> list[str]:
         else:
             value = item.get("input")
             shown = "" if isinstance(value, (dict, list)) or value is None else f" (got {value!r})"
-            lines.append(f"{_location(loc)}: {item['msg']}{shown}")
+            message = str(item["msg"]).removeprefix("Value error, ")  # a validator's own words
+            lines.append(f"{_location(loc)}: {message}{shown}")
     return lines
 
 

@@ -232,12 +232,18 @@ class FailureHandling(pydantic.BaseModel):
         DEFAULT_ABORT_SHARE, gt=0, le=1,
         description="a class handled 'abort' stops the run when it ends more than this share of a step")
 
-    @pydantic.field_validator("classes")
+    @pydantic.field_validator("classes", mode="before")
     @classmethod
-    def _known_classes(cls, classes: dict[str, Handling]) -> dict[str, Handling]:
-        unknown = sorted(set(classes) - set(OUTCOMES))
-        if unknown:
-            raise ValueError(f"unknown outcome class(es) {', '.join(map(repr, unknown))}: one of {', '.join(OUTCOMES)}")
+    def _known_classes(cls, classes: Any) -> Any:
+        """Every unknown class and every unknown handling at once (as one message)."""
+        if not isinstance(classes, dict):
+            return classes  # pydantic says it is not a mapping
+        problems = [f"unknown outcome class {name!r}" for name in classes if name not in OUTCOMES]
+        problems += [f"{name!r}: unknown handling {how!r}" for name, how in classes.items()
+                     if how not in ("penalize", "mask", "abort")]
+        if problems:
+            raise ValueError(f"{'; '.join(problems)} (classes: {', '.join(OUTCOMES)}; handlings: penalize, mask, "
+                             "abort)")
         return classes
 
     def of(self, outcome: str | None) -> Handling:

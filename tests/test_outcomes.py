@@ -381,3 +381,18 @@ def test_a_step_mostly_lost_to_an_outage_aborts_saves_the_last_step_and_resumes(
     assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == [1, 2]
     assert read_status(run_dir).state == "finished" and latest_checkpoint(run_dir).name == "step-000002"
     SERVICE["fails"] = lambda expression: "+" in expression
+
+
+def test_a_failures_section_with_several_mistakes_names_each_at_once():
+    from rlfactory_core.config import load_config
+    from rlfactory_core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as bad:
+        load_config([], ["failures.classes={answered: explode, nope: mask}", "failures.abort_share=0",
+                         "failures.extra=1", "rollout.tool_exception_side=maybe", "failures.policy=resample"])
+    errors = bad.value.errors
+    assert any(e.startswith("failures.classes: unknown outcome class 'nope'; 'answered': unknown handling 'explode'")
+               for e in errors), errors
+    assert {e.split(":")[0] for e in errors} == {"failures.classes", "failures.abort_share", "failures.extra",
+                                                 "rollout.tool_exception_side", "failures.policy"}
+    assert not any("Value error" in e for e in errors)
