@@ -58,7 +58,7 @@ from typing import Any, Iterable, Sequence
 
 from ._fs import fsync_dir, temp_path_beside
 from .errors import RLFactoryError
-from .outcomes import OUTCOMES
+from .outcomes import side_of
 
 __all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
            "SCALAR_COLUMNS", "scalar_schema", "PROMPT", "MODEL", "OBSERVATION"]
@@ -144,7 +144,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
                 None if trainer_logprobs is None or batch_row is None else trainer_logprobs[batch_row].tolist()))
             first_turn += sum(s.kind == "model" for s in part.segments)
         versions = [v for sequence in sequences for v in sequence["policy_version"] if v >= 0]
-        error = trajectory.metadata.get("error")
+        error, outcome = trajectory.metadata.get("error"), scored.outcomes[row]
         records.append({
             "step": step, "kind": kind, "index": index, "sample_id": str(trajectory.sample_id),
             "group": -1 if kind != "train" or trajectory.group is None else int(trajectory.group),
@@ -155,7 +155,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
             "turn_rewards": [float(r) for r in trajectory.turn_rewards],
             "advantage": None if advantages is None else float(advantages[in_batch[0]]),
             "stop_reason": trajectory.stop_reason,
-            "outcome": scored.outcomes[row], "outcome_side": _side(scored.outcomes[row]),
+            "outcome": outcome, "outcome_side": None if outcome is None else side_of(outcome),
             "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
             "num_turns": trajectory.num_turns, "num_tokens": sum(len(q["token_ids"]) for q in sequences),
@@ -276,10 +276,6 @@ def _calls(trajectory: Any) -> list[dict[str, Any]]:
                       else result.infrastructure,
                       "latency_s": None if result is None else float(result.latency_s)})
     return calls
-
-
-def _side(outcome: str | None) -> str | None:
-    return None if outcome is None else OUTCOMES[outcome].side
 
 
 # --------------------------------------------------------------------------- reading
