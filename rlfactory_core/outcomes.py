@@ -45,9 +45,11 @@ observation and most are its arguments' fault (a missing file, a bad path); pass
 **Handling** (the run's ``failures`` section, :class:`FailureHandling`), per class or per side:
 
 - ``penalize``: train on it as scored (the default for the policy's classes);
-- ``mask``: out of the loss and out of its group's mean and std, so it moves no baseline (the
-  default for the infrastructure's classes); unlike ``grpo.overlong_filter``, which keeps its
-  rows in the baseline;
+- ``resample``: run that member of its group again, within the step, with a new seed, up to
+  ``failures.max_resamples`` times, before the group joins the batch; one still failing then
+  is masked (the default for the infrastructure's classes; :mod:`rlfactory_core.resampling`);
+- ``mask``: out of the loss and out of its group's mean and std, so it moves no baseline;
+  unlike ``grpo.overlong_filter``, which keeps its rows in the baseline;
 - ``abort``: masked, and the run stops when the class ends more than ``failures.abort_share``
   of a step's trajectories (default 0.5): one line naming it, the last finished step saved;
   ``--resume`` continues once the service is back.
@@ -66,7 +68,7 @@ import pydantic
 
 __all__ = ["POLICY", "INFRASTRUCTURE", "Side", "Outcome", "OUTCOMES", "STOP_REASONS", "TOOL_ERROR_KINDS",
            "CALL_ERRORS", "LIMIT_STOPS", "ERROR_STOPS", "outcome_of", "side_of", "result_outcome", "outcome_metrics",
-           "Handling", "FailureHandling", "DEFAULT_ABORT_SHARE"]
+           "Handling", "HANDLINGS", "FailureHandling", "DEFAULT_ABORT_SHARE", "DEFAULT_MAX_RESAMPLES"]
 
 Side = Literal["policy", "infrastructure"]
 POLICY: Side = "policy"
@@ -211,10 +213,13 @@ def outcome_metrics(prefix: str, outcomes: Sequence[str | None],
     return metrics
 
 
-Handling = Literal["penalize", "mask", "abort"]
+Handling = Literal["penalize", "resample", "mask", "abort"]
+HANDLINGS: tuple[str, ...] = ("penalize", "resample", "mask", "abort")
 #: ``failures.abort_share``'s default: a class with ``abort`` stops the run when it ends more
 #: than half of a step's trajectories
 DEFAULT_ABORT_SHARE = 0.5
+#: ``failures.max_resamples``'s default: a failed member runs again at most twice a step
+DEFAULT_MAX_RESAMPLES = 2
 
 
 class FailureHandling(pydantic.BaseModel):
@@ -225,12 +230,16 @@ class FailureHandling(pydantic.BaseModel):
 
     policy: Handling = pydantic.Field("penalize", description="the policy's classes: train on them as scored")
     infrastructure: Handling = pydantic.Field(
-        "mask", description="the infrastructure's classes: out of the loss and of their group's baseline")
+        "resample", description="the infrastructure's classes: run that member again with a new seed (masked when "
+                                "every attempt failed)")
     classes: dict[str, Handling] = pydantic.Field(
         default_factory=dict, description="per class, over its side's handling (e.g. {tool_timeout: abort})")
     abort_share: float = pydantic.Field(
         DEFAULT_ABORT_SHARE, gt=0, le=1,
         description="a class handled 'abort' stops the run when it ends more than this share of a step")
+    max_resamples: int = pydantic.Field(
+        DEFAULT_MAX_RESAMPLES, ge=0, le=100,
+        description="how many times a step runs a member handled 'resample' again before masking it (0: mask)")
 
     @pydantic.field_validator("classes", mode="before")
     @classmethod
@@ -240,10 +249,10 @@ class FailureHandling(pydantic.BaseModel):
             return classes  # pydantic says it is not a mapping
         problems = [f"unknown outcome class {name!r}" for name in classes if name not in OUTCOMES]
         problems += [f"{name!r}: unknown handling {how!r}" for name, how in classes.items()
-                     if how not in ("penalize", "mask", "abort")]
+                     if how not in HANDLINGS]
         if problems:
-            raise ValueError(f"{'; '.join(problems)} (classes: {', '.join(OUTCOMES)}; handlings: penalize, mask, "
-                             "abort)")
+            raise ValueError(f"{'; '.join(problems)} (classes: {', '.join(OUTCOMES)}; handlings: "
+                             f"{', '.join(HANDLINGS)})")
         return classes
 
     def of(self, outcome: str | None) -> Handling:
@@ -253,8 +262,13 @@ class FailureHandling(pydantic.BaseModel):
         return self.classes.get(outcome) or (self.policy if OUTCOMES[outcome].side == POLICY else self.infrastructure)
 
     def masked(self, outcomes: Sequence[str | None]) -> list[bool]:
-        """Per trajectory: whether it is left out of the loss and of its group's baseline."""
-        return [self.of(o) in ("mask", "abort") for o in outcomes]
+        """Per trajectory: whether it is left out of the loss and of its group's baseline (a
+        class handled ``resample`` still in a batch used up its attempts)."""
+        return [self.of(o) in ("resample", "mask", "abort") for o in outcomes]
+
+    def resampled(self, outcomes: Sequence[str | None]) -> list[bool]:
+        """Per trajectory: whether its member is to run again (its class is handled ``resample``)."""
+        return [self.of(o) == "resample" for o in outcomes]
 
     def aborting(self, outcomes: Sequence[str | None]) -> str | None:
         """The class handled ``abort`` whose share of ``outcomes`` (a step's) is over

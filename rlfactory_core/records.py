@@ -13,9 +13,9 @@ only the small scalar columns (reward, stop reason, ...) without touching the to
 zstd shrinks the token arrays ~4x, and any Arrow reader (pandas, polars, DuckDB) opens it
 without this package. JSONL would have to parse every token to list a step.
 
-**Schema** (:data:`SCHEMA_VERSION` 2; every file's metadata carries ``rlfactory.schema_version``;
-version 1 files, written before outcomes, still read: their new columns read as null),
-one row per trajectory:
+**Schema** (:data:`SCHEMA_VERSION` 3; every file's metadata carries ``rlfactory.schema_version``;
+files of versions 1 (before outcomes) and 2 (before resampling) still read: their new columns
+read as null), one row per trajectory:
 
 - ``step`` (the training step it belongs to), ``kind`` (``train``, ``eval``,
   ``cold_start_eval``), ``index`` (its row in the file), ``sample_id``, ``group`` (its group in
@@ -27,7 +27,10 @@ one row per trajectory:
   null for eval);
 - ``stop_reason``, ``outcome`` (the trajectory's class, :mod:`rlfactory_core.outcomes`; null where
   no reward layer classified it; ``ok`` or ``error`` in version 1 files), ``outcome_side``
-  (``policy`` or ``infrastructure``), ``error`` (why the episode ended early, when it did),
+  (``policy`` or ``infrastructure``), ``attempt`` (0: the rollout's own; 1, 2, ...: a resample
+  of its member, :mod:`rlfactory_core.resampling`), ``replaced`` (true: an attempt a resample
+  replaced, recorded beside its group's trajectories, not trained: no advantage),
+  ``error`` (why the episode ended early, when it did),
   ``final_answer``, ``expected`` (JSON), ``num_turns``, ``tool_error_kinds``;
 - ``messages``: the conversation (``role``, ``content``, ``name``, ``tool_call_id``,
   ``tool_calls`` as JSON, ``turn``: -1 for the prompt's messages, few-shot turns included); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
@@ -63,14 +66,14 @@ from .outcomes import side_of
 __all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
            "SCALAR_COLUMNS", "scalar_schema", "PROMPT", "MODEL", "OBSERVATION"]
 
-SCHEMA_VERSION = 2
-#: the versions this rlfactory reads (the columns a version 1 file lacks read as null)
-_READABLE = {"1": 1, "2": 2}
+SCHEMA_VERSION = 3
+#: the versions this rlfactory reads (the columns an older file lacks read as null)
+_READABLE = {"1": 1, "2": 2, "3": 3}
 RECORDS_DIR = "trajectories"
 PROMPT, MODEL, OBSERVATION = 0, 1, 2
 #: What a list of trajectories reads: everything but the conversation and the token arrays.
 SCALAR_COLUMNS = ["step", "kind", "index", "sample_id", "group", "policy_version", "reward", "correct",
-                  "advantage", "stop_reason", "outcome", "outcome_side", "num_turns", "num_tokens", "tool_error_kinds",
+                  "advantage", "stop_reason", "outcome", "outcome_side", "attempt", "replaced", "num_turns", "num_tokens", "tool_error_kinds",
                   "final_answer"]
 _FILE = re.compile(r"^step-(\d{6,})\.(parquet|jsonl)$")
 
@@ -97,7 +100,8 @@ def _schema() -> Any:
         ("group", pa.int32()), ("policy_version", pa.int32()), ("reward", pa.float64()),
         ("rewards", pa.map_(pa.string(), pa.float64())), ("reward_errors", pa.list_(pa.string())),
         ("correct", pa.bool_()), ("turn_rewards", pa.list_(pa.float64())), ("advantage", pa.float64()),
-        ("stop_reason", pa.string()), ("outcome", pa.string()), ("outcome_side", pa.string()), ("error", pa.string()),
+        ("stop_reason", pa.string()), ("outcome", pa.string()), ("outcome_side", pa.string()),
+        ("attempt", pa.int16()), ("replaced", pa.bool_()), ("error", pa.string()),
         ("final_answer", pa.string()), ("expected", pa.string()), ("num_turns", pa.int16()),
         ("num_tokens", pa.int32()), ("tool_error_kinds", pa.list_(pa.string())),
         ("messages", pa.list_(message)), ("tool_calls", pa.list_(call)), ("sequences", pa.list_(sequence)),
@@ -120,15 +124,16 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
                        row_samples: Sequence[Any], tokenizer: Any,
                        rows: Iterable[int] | None = None, batch_rows: Sequence[Sequence[int]] | None = None,
                        advantages: Any = None, token_advantages: Any = None,
-                       trainer_logprobs: Any = None) -> list[dict[str, Any]]:
+                       trainer_logprobs: Any = None, replaced: bool = False) -> list[dict[str, Any]]:
     """The records of ``trajectories[rows]`` (all by default), scored by ``scored`` (a
     :class:`~rlfactory_core.rewards.ScoredBatch` of all of them). ``row_samples``: each
     trajectory's sample (None where unknown), for its expected answer. For training rows, the
     batch's ``advantages`` ``[B]`` and ``token_advantages`` / ``trainer_logprobs`` ``[B, L]``,
     and ``batch_rows``: each trajectory's rows in the batch, one per sequence
     (:func:`rlfactory_core.training.batch.trajectory_rows`; default: row ``i`` is trajectory
-    ``i``). Each model token's ``policy_version`` is its segment's
-    (:class:`~rlfactory_core.types.Segment`: the version the backend sampled it with)."""
+    ``i``); ``replaced``: they are attempts a resample replaced. Each model token's
+    ``policy_version`` is its segment's (:class:`~rlfactory_core.types.Segment`: the version
+    the backend sampled it with)."""
     pieces = _PieceCache(tokenizer)
     records = []
     for index, row in enumerate(range(len(trajectories)) if rows is None else rows):
@@ -156,6 +161,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
             "advantage": None if advantages is None else float(advantages[in_batch[0]]),
             "stop_reason": trajectory.stop_reason,
             "outcome": outcome, "outcome_side": None if outcome is None else side_of(outcome),
+            "attempt": int(trajectory.metadata.get("attempt", 0)), "replaced": replaced,
             "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
             "num_turns": trajectory.num_turns, "num_tokens": sum(len(q["token_ids"]) for q in sequences),

@@ -2,8 +2,9 @@
 on an open :class:`~rlfactory_core.run.Run`. Each says whether a stop request may drop it.
 
 * :func:`before_training`: the eval before the first step and the cold start (a new run only).
-* :func:`rollout_phase` (droppable): the step's prompts rolled out, scored and assembled into
-  the batch's groups (:mod:`rlfactory_core.training.assembly`).
+* :func:`rollout_phase` (droppable): the step's prompts rolled out, scored, the members that
+  failed on the infrastructure's side run again (:mod:`rlfactory_core.resampling`), and
+  assembled into the batch's groups (:mod:`rlfactory_core.training.assembly`).
 * :func:`update_phase` (never dropped: half an update cannot be undone): the batch built and
   the engine's update; the first groups recorded token by token (:mod:`rlfactory_core.records`).
 * :func:`sync_phase`: the new weights to the generation backend.
@@ -28,6 +29,8 @@ from .evaluation import eval_summary, tool_metrics
 from .families import TEMPLATE
 from .outcomes import outcome_metrics
 from .records import trajectory_records, write_records
+from .resampling import resample_rollout
+from .rewards import ScoredBatch
 from .rollout import rollout_metrics
 from .run import Run, RunAborted
 from .stopping import PhaseDropped
@@ -123,7 +126,12 @@ async def rollout_phase(run: Run, step: int, position: int | None = None) -> Ste
         positions += taken
         result = await run.engine.rollout(batch_samples, rollout_config_for(config, step, attempt=attempt),
                                           group_size=g.group_size, rewards="train", priority=step)
-        assembler.add(result.trajectories, with_overlong_penalty(result.trajectories, result.scored, config))
+        t = time.perf_counter()
+        trajectories, scored, replaced = await resample_rollout(run.engine, config, step, batch_samples, taken,
+                                                                result.trajectories, result.scored)
+        if replaced:
+            times["time/resample"] = times.get("time/resample", 0.0) + time.perf_counter() - t
+        assembler.add(trajectories, with_overlong_penalty(trajectories, scored, config), replaced)
         samples += batch_samples
         for key, value in result.times.items():  # times add up; counters (ray restarts) are the latest
             times[key] = times.get(key, 0.0) + value if key.startswith("time/") else value
@@ -211,11 +219,21 @@ def _record_train_rows(run: Run, step: int, rollout: StepRollout, batch: Any, ro
     (:mod:`rlfactory_core.records`), each model token with the weight version that sampled it."""
     trajectories = rollout.assembled.trajectories
     by_id = {str(s.get("id")): s for s in rollout.samples if hasattr(s, "get")}
-    write_records(run.run_dir, "train", step, trajectory_records(
+    records = trajectory_records(
         trajectories, step=step, kind="train", scored=rollout.assembled.scored, tokenizer=run.tokenizer,
         row_samples=[by_id.get(str(t.sample_id)) for t in trajectories], rows=rows,
         batch_rows=trajectory_rows(batch), advantages=batch["sequence_advantages"],
-        token_advantages=batch["advantages"], trainer_logprobs=batch.get("trainer_logprobs", None)))
+        token_advantages=batch["advantages"], trainer_logprobs=batch.get("trainer_logprobs", None))
+    # the attempts the recorded groups' resamples replaced, after them (rlfactory_core.resampling)
+    replaced = [r for r in rollout.assembled.replaced if r.group < run.config.logging.record_train_groups]
+    if replaced:
+        records += trajectory_records(
+            [r.trajectory for r in replaced], step=step, kind="train", tokenizer=run.tokenizer,
+            scored=ScoredBatch.concat([r.scored for r in replaced]), replaced=True,
+            row_samples=[by_id.get(str(r.trajectory.sample_id)) for r in replaced])
+        for index, record in enumerate(records):
+            record["index"] = index
+    write_records(run.run_dir, "train", step, records)
 
 
 def _staleness_metrics(batch: Any) -> dict[str, float]:

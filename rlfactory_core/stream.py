@@ -8,7 +8,8 @@ prompts for one step: ``grpo.prompts_per_step`` of them (attempt 0), then, with
 ``grpo.max_extra_rollouts``), by the synchronous rollout's rule
 (:func:`rlfactory_core.steps.attempt_size`), each seeded as the synchronous rollout of that
 step and attempt (:func:`rollout_config_for`). A chunk's groups stream in as they finish;
-when the last is in, they go to the step's :class:`~rlfactory_core.training.assembly.BatchAssembler`
+each one's members that failed on the infrastructure's side run again at once
+(:mod:`rlfactory_core.resampling`); when the last is in, they go to the step's :class:`~rlfactory_core.training.assembly.BatchAssembler`
 in sample order, so batches are ordered by sample, not by finish time, and hold the groups a
 synchronous step would.
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engines import rollout_config_for
+from .resampling import resample_group
 from .rewards import ScoredBatch
 from .run import Run
 from .steps import StepRollout, attempt_size, next_prompts
@@ -121,31 +123,44 @@ class GroupStream:
         state.samples += samples
         state.positions += positions
         attempt, state.attempts, state.running = state.attempts, state.attempts + 1, state.running + 1
-        task = asyncio.ensure_future(self._chunk(step, state, samples, attempt))
+        task = asyncio.ensure_future(self._chunk(step, state, samples, positions, attempt))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _chunk(self, step: int, state: _Step, samples: list[Any], attempt: int) -> None:
+    async def _chunk(self, step: int, state: _Step, samples: list[Any], positions: list[int],
+                     attempt: int) -> None:
         config = self.run.config
         started = time.perf_counter()
-        groups = []
+        resampling: list[asyncio.Future[Any]] = []  # each finished group, its failed members run again
         try:
             stream = self.run.engine.rollout_groups(samples, rollout_config_for(config, step, attempt=attempt),
                                                     group_size=config.grpo.group_size, rewards="train",
                                                     priority=step)
             async with contextlib.aclosing(stream):  # cancelled: the trajectories in flight are, too
                 async for group in stream:
-                    groups.append(group)
-            groups.sort(key=lambda group: group.index)  # sample order, as a synchronous rollout gives them
-            trajectories = [trajectory for group in groups for trajectory in group.trajectories]
-            scored = ScoredBatch.concat([group.scored for group in groups])
-            state.assembler.add(trajectories, with_overlong_penalty(trajectories, scored, config))
+                    resampling.append(asyncio.ensure_future(self._resampled(step, group, samples, positions)))
+                groups = await asyncio.gather(*resampling)
+            groups.sort(key=lambda group: group[0])  # sample order, as a synchronous rollout gives them
+            trajectories = [trajectory for _, members, _, _ in groups for trajectory in members]
+            scored = ScoredBatch.concat([rows for _, _, rows, _ in groups])
+            state.assembler.add(trajectories, with_overlong_penalty(trajectories, scored, config),
+                                [r for _, _, _, replaced in groups for r in replaced])
             state.times["time/rollout"] = state.times.get("time/rollout", 0.0) + time.perf_counter() - started
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # the step waiting for it raises it
             self.failure = exc
         finally:
+            for task in resampling:
+                task.cancel()
+            await asyncio.gather(*resampling, return_exceptions=True)
             state.running -= 1
             self.changed.set()
+
+    async def _resampled(self, step: int, group: Any, samples: list[Any],
+                         positions: list[int]) -> tuple[int, list[Any], ScoredBatch, list[Any]]:
+        """A finished group with its failed members run again (:func:`resample_group`)."""
+        members, rows, replaced = await resample_group(self.run.engine, self.run.config, step, samples[group.index],
+                                                       positions[group.index], group.trajectories, group.scored)
+        return group.index, members, rows, replaced
 

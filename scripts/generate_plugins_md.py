@@ -219,6 +219,12 @@ model's malformed calls read `rlfactory_core.CALL_ERRORS` (`unknown_tool`,
 a finished trajectory's outcome. `rollout.on_tool_error: penalty` penalises the policy's
 failures only.
 
+What a run does with each class is its `failures` section (README): by default the
+infrastructure's are resampled (the member runs again with a seed of its own, then is masked
+if it keeps failing), so a tool that marks its outages right costs the run generation time,
+never a fake zero reward. An env need do nothing for this: a resampled member is rolled out on
+the same sample through `reset` and `step`, as any trajectory.
+
 """
 
 MIGRATION_TEXT = """\

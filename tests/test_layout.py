@@ -311,7 +311,7 @@ LAYERS = [
     ("preflight", {"preflight", "stopping"}),
     ("engines", {"engines"}),
     ("evaluation", {"evaluation"}),
-    ("trainer", {"run", "steps", "stream", "loops", "trainer"}),
+    ("trainer", {"run", "resampling", "steps", "stream", "loops", "trainer"}),
     ("the plugin API and the test kit", {"__init__", "testing"}),
 ]
 

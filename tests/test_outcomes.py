@@ -281,9 +281,10 @@ def calls_then_answers(text):
     return "The answer is " + question.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>", 1)[0]
 
 
-def flaky_run(run_dir, model_dir, *overrides, resume=None, after_step=None):
+def flaky_run(run_dir, model_dir, *overrides, resume=None, after_step=None, seeds=None):
     """A run of the arithmetic task on the flaky calculator, with the scripted model;
-    ``after_step(step)`` is called as each step ends."""
+    ``after_step(step)`` is called as each step ends; ``seeds`` (a list) gets the sampling seed
+    of every model turn."""
     from rlfactory_arithmetic import ArithmeticEnv
 
     from rlfactory_core import hookimpl
@@ -313,20 +314,25 @@ def flaky_run(run_dir, model_dir, *overrides, resume=None, after_step=None):
                               "data.eval_size=4", "eval.every=0", "logging.live=off", "logging.tensorboard=false",
                               "logging.record_train_groups=4", "env_options={few_shot: false}",
                               "cold_start.source=off", *overrides])
-    with registered_plugin(Plugin()), scripted_backend(
-            lambda path: ScriptedBackend(load_tokenizer(path), calls_then_answers)):
+    class Backend(ScriptedBackend):
+        async def generate(self, prompt_ids, sampling, **options):
+            if seeds is not None:
+                seeds.append(sampling.seed)
+            return await super().generate(prompt_ids, sampling, **options)
+
+    with registered_plugin(Plugin()), scripted_backend(lambda path: Backend(load_tokenizer(path), calls_then_answers)):
         return train(config, resume=resume)
 
 
 def test_a_run_masks_a_failing_services_trajectories_and_counts_them(tmp_path, tiny_model_dir):
     """The calculator's service fails on sums (InfrastructureError), the scripted model always
-    calls it: the sums' trajectories end tool_infra_error and are masked; with
-    failures.infrastructure=penalize they train as scored."""
+    calls it: the sums' trajectories end tool_infra_error and, with failures.infrastructure=mask,
+    are masked; with failures.infrastructure=penalize they train as scored."""
     from rlfactory_core.metrics import read_metrics
     from rlfactory_core.records import RunRecords
 
     SERVICE["fails"] = lambda expression: "+" in expression
-    flaky_run(tmp_path / "masked", tiny_model_dir)
+    flaky_run(tmp_path / "masked", tiny_model_dir, "failures.infrastructure=mask")
     step, records = read_metrics(tmp_path / "masked")[1], RunRecords(tmp_path / "masked")
     share = step["outcome/tool_infra_error"]
     assert 0 < share < 1 and step["outcome/masked/tool_infra_error"] == share
@@ -389,10 +395,73 @@ def test_a_failures_section_with_several_mistakes_names_each_at_once():
 
     with pytest.raises(ConfigError) as bad:
         load_config([], ["failures.classes={answered: explode, nope: mask}", "failures.abort_share=0",
-                         "failures.extra=1", "rollout.tool_exception_side=maybe", "failures.policy=resample"])
+                         "failures.extra=1", "rollout.tool_exception_side=maybe", "failures.policy=retry"])
     errors = bad.value.errors
     assert any(e.startswith("failures.classes: unknown outcome class 'nope'; 'answered': unknown handling 'explode'")
                for e in errors), errors
     assert {e.split(":")[0] for e in errors} == {"failures.classes", "failures.abort_share", "failures.extra",
                                                  "rollout.tool_exception_side", "failures.policy"}
     assert not any("Value error" in e for e in errors)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replace_their_attempts(
+        tmp_path, tiny_model_dir, mode):
+    """By default (failures.infrastructure=resample) a member whose calculator call met an outage
+    runs again before its group joins the batch: the service fails each question's first call,
+    so each such member's second attempt answers. The step trains on answered trajectories
+    only; outcome/resampled counts the replaced attempts; the recorded groups hold each replaced
+    attempt (replaced, attempt 0, no advantage) beside the attempt that replaced it (attempt 1,
+    trained); the resample's seeds are (step, position, member, attempt)'s, the same in a
+    rerun. The synchronous phases and the asynchronous stream alike."""
+    from rlfactory_core.config import load_config
+    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.records import RunRecords
+    from rlfactory_core.resampling import resample_seed
+
+    runs = []
+    for rerun in ("first", "again"):
+        seen = set()
+        SERVICE["fails"] = lambda expression: expression not in seen and not seen.add(expression)
+        seeds = []
+        flaky_run(tmp_path / rerun, tiny_model_dir, f"train.mode={mode}", "grpo.tis_cap=2.0", seeds=seeds)
+        runs.append((read_metrics(tmp_path / rerun)[1], RunRecords(tmp_path / rerun).list("train", 1), seeds))
+    SERVICE["fails"] = lambda expression: "+" in expression
+    (step, rows, seeds), (_, rows_again, seeds_again) = runs
+    trained = [r for r in rows if not r["replaced"]]
+    replaced = [r for r in rows if r["replaced"]]
+    assert len(trained) == 8 and {r["outcome"] for r in trained} == {"answered"}
+    assert replaced and {(r["outcome"], r["attempt"], r["advantage"]) for r in replaced} == {
+        ("tool_infra_error", 0, None)}
+    for attempt in replaced:  # beside the attempt that replaced it, in its group
+        assert any(r["group"] == attempt["group"] and r["attempt"] == 1 and r["sample_id"] == attempt["sample_id"]
+                   for r in trained)
+    assert sum(r["attempt"] == 1 for r in trained) == len(replaced)
+    assert step["outcome/resampled/tool_infra_error"] == len(replaced) / 8
+    assert step["outcome/answered"] == 1.0 and "outcome/masked/tool_infra_error" not in step
+    config = load_config([], [])  # train.seed 0, as the runs'
+    possible = {resample_seed(config, 1, position, member, 1) for position in range(4) for member in range(2)}
+    resampled = sorted(s for s in seeds if s in possible)
+    assert len(resampled) == 2 * len(replaced)  # two turns each: the call, then the answer
+    assert resampled == sorted(s for s in seeds_again if s in possible)
+    assert [(r["group"], r["outcome"], r["attempt"]) for r in rows] == [
+        (r["group"], r["outcome"], r["attempt"]) for r in rows_again]
+
+
+def test_a_member_failing_every_attempt_is_masked_and_each_attempt_recorded(tmp_path, tiny_model_dir):
+    """The service fails on every sum: each sum's member runs failures.max_resamples=1 more time,
+    fails again and is masked (out of the loss and the baseline); both attempts are counted
+    and recorded."""
+    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.records import RunRecords
+
+    SERVICE["fails"] = lambda expression: "+" in expression
+    flaky_run(tmp_path / "run", tiny_model_dir, "failures.max_resamples=1")
+    step, rows = read_metrics(tmp_path / "run")[1], RunRecords(tmp_path / "run").list("train", 1)
+    share = step["outcome/tool_infra_error"]
+    assert 0 < share < 1 and step["outcome/masked/tool_infra_error"] == share
+    assert step["outcome/resampled/tool_infra_error"] == share  # one replaced attempt each
+    failed = [r for r in rows if r["outcome"] == "tool_infra_error"]
+    assert sorted((r["replaced"], r["attempt"]) for r in failed) == sorted(
+        [(True, 0)] * int(share * 8) + [(False, 1)] * int(share * 8))
+    assert all(r["advantage"] in (None, 0.0) for r in failed)

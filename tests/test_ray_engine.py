@@ -38,6 +38,7 @@ from rlfactory_core.engines.ray import RayEngine  # noqa: E402
 from rlfactory_core.engines.ray.actors import SharedTool, ToolActor  # noqa: E402
 from rlfactory_core.engines.ray.engine import chunks, remote  # noqa: E402
 from rlfactory_core.task import build_task  # noqa: E402
+from rlfactory_core.resampling import resample_rollout  # noqa: E402
 from rlfactory_core.testing import train  # noqa: E402
 from rlfactory_core.types import ToolCall  # noqa: E402
 
@@ -78,6 +79,10 @@ def weights_match(ray_weights, local_weights, base, config, lr, optimizer_steps)
                                weight_decay=config.train.weight_decay, vocab=base["model.embed_tokens.weight"].shape[0])
     assert not problems, "\n".join(problems)
     return True
+
+
+def model_tokens(trajectory) -> list[list[int]]:
+    return [s.token_ids for s in trajectory.segments if s.kind == "model"]
 
 
 def test_prompts_split_into_contiguous_near_equal_chunks():
@@ -170,6 +175,21 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
             # each worker numbers its chunk's groups from 0; the driver's are the batch's
             groups = [0, 0, 1, 1, 2, 2, 3, 3]
             assert [t.group for t in ray_trajectories] == [t.group for t in trajectories] == groups
+            # resampling (rlfactory_core.resampling; every class resampled here, once): each member again,
+            # alone, with its (step, position, member, attempt) seed: the same tokens on both engines
+            again = config.model_copy(update={"failures": config.failures.model_copy(
+                update={"policy": "resample", "max_resamples": 1})})
+            local_scored, ray_scored = (await local.rollout(samples, rollout_config, group_size=2))[1], \
+                (await remote.rollout(samples, rollout_config, group_size=2))[1]
+            resampled = [await resample_rollout(engine, again, 1, samples, [10, 11, 12, 13], list(t), scored)
+                         for engine, t, scored in ((local, trajectories, local_scored),
+                                                   (remote, ray_trajectories, ray_scored))]
+            (local_members, _, local_replaced), (ray_members, _, ray_replaced) = resampled
+            assert len(local_replaced) == len(ray_replaced) == 8
+            assert [model_tokens(t) for t in ray_members] == [model_tokens(t) for t in local_members]
+            assert [r.trajectory for r in local_replaced] == trajectories  # what each replaced
+            assert [t.group for t in local_members] == groups and all(t.metadata["attempt"] == 1 for t in ray_members)
+            assert [model_tokens(t) for t in local_members] != [model_tokens(t) for t in trajectories]  # new seeds
             base_next, _, _ = await local.rollout(samples, next_config, group_size=2)  # the base weights' step 2
             rewards = [1.0, 0.0, 0.5, 0.2, 0.0, 1.0, 0.3, 0.3]
             batch = build_batch(trajectories, rewards, config, tokenizer.pad_token_id)

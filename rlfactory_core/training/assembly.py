@@ -23,10 +23,16 @@ A filter is a function of one group (its trajectories and their total rewards) t
 whether to keep it; more (a staleness bound) plug in here. Filters see the members that will
 train: a failure the run masks (:mod:`rlfactory_core.outcomes`) is left out of what they see,
 so a group whose rewards differ only by a timed-out member counts as uninformative.
+
+**Resampled members** (:mod:`rlfactory_core.resampling`) arrive already in their groups; the
+attempts they replaced come with them (``add(..., replaced=)``) and leave with the kept groups
+(:attr:`Assembled.replaced`, renumbered as their groups): ``outcome/resampled/<class>`` counts
+them, per trajectory of the batch.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -52,11 +58,13 @@ def group_filters(config: RunConfig) -> list[GroupFilter]:
 @dataclass
 class Assembled:
     """A step's batch: the kept groups' trajectories (groups renumbered 0, 1, ... in the
-    order they were kept), their scores, and the metrics of the assembly."""
+    order they were kept), their scores, the metrics of the assembly and the attempts the
+    kept groups' resamples replaced (:class:`rlfactory_core.resampling.Replaced`)."""
 
     trajectories: list[Any]
     scored: ScoredBatch
     metrics: dict[str, float] = field(default_factory=dict)
+    replaced: list[Any] = field(default_factory=list)
 
 
 class BatchAssembler:
@@ -67,8 +75,9 @@ class BatchAssembler:
                  masked: Callable[[Sequence[str | None]], list[bool]] | None = None):
         self.wanted, self.filters = wanted, list(filters)
         self.masked = masked  # outcomes -> which members are left out (the run's failures.masked)
-        self._kept: list[tuple[list[Any], ScoredBatch]] = []
-        self._first: list[tuple[list[Any], ScoredBatch]] = []  # the first rollout's groups: the fallback
+        # each group: its members, their scores, the attempts its resamples replaced
+        self._kept: list[tuple[list[Any], ScoredBatch, list[Any]]] = []
+        self._first: list[tuple[list[Any], ScoredBatch, list[Any]]] = []  # the first rollout's groups: the fallback
         self.rollouts = 0
         self.sampled = 0
         self._generated: list[Any] = []  # every trajectory added, for the length-bias metrics
@@ -78,19 +87,20 @@ class BatchAssembler:
         """Groups still wanted."""
         return max(0, self.wanted - len(self._kept))
 
-    def add(self, trajectories: Sequence[Any], scored: ScoredBatch) -> None:
-        """One rollout's trajectories (with their ``group``) and scores; the groups that pass
-        every filter are kept, up to the number still wanted."""
+    def add(self, trajectories: Sequence[Any], scored: ScoredBatch, replaced: Sequence[Any] = ()) -> None:
+        """One rollout's trajectories (with their ``group``) and scores, and the attempts its
+        resamples replaced (each with its ``group``); the groups that pass every filter are
+        kept, up to the number still wanted."""
         by_group: dict[Any, list[int]] = {}
-        self._generated += trajectories
+        self._generated += [*trajectories, *(r.trajectory for r in replaced)]
         for row, trajectory in enumerate(trajectories):
             by_group.setdefault(trajectory.group, []).append(row)
-        for rows in by_group.values():
-            group = ([trajectories[r] for r in rows], scored.select(rows))
+        for name, rows in by_group.items():
+            group = ([trajectories[r] for r in rows], scored.select(rows), [r for r in replaced if r.group == name])
             if self.rollouts == 0:
                 self._first.append(group)
             self.sampled += 1
-            if self.needed and self._passes(*group):
+            if self.needed and self._passes(*group[:2]):
                 self._kept.append(group)
         self.rollouts += 1
 
@@ -106,15 +116,21 @@ class BatchAssembler:
 
     def assemble(self) -> Assembled:
         groups = self._kept or self._first
-        trajectories = []
-        for number, (members, _) in enumerate(groups):
+        trajectories, replaced = [], []
+        for number, (members, _, attempts) in enumerate(groups):
             for trajectory in members:
                 trajectory.group = number
                 trajectories.append(trajectory)
+            for attempt in attempts:
+                attempt.group = attempt.trajectory.group = number
+                replaced.append(attempt)
         metrics = {"batch/groups_sampled": float(self.sampled), "batch/groups_kept": float(len(self._kept)),
                    "batch/extra_rollouts": float(max(0, self.rollouts - 1)),
                    **_lengths("generated", self._generated), **_lengths("trained", trajectories)}
-        return Assembled(trajectories, ScoredBatch.concat([scored for _, scored in groups]), metrics)
+        resampled = Counter(r.outcome for r in replaced if r.outcome is not None)
+        metrics.update({f"outcome/resampled/{name}": count / max(len(trajectories), 1)
+                        for name, count in sorted(resampled.items())})
+        return Assembled(trajectories, ScoredBatch.concat([scored for _, scored, _ in groups]), metrics, replaced)
 
 
 def _lengths(which: str, trajectories: Sequence[Any]) -> dict[str, float]:

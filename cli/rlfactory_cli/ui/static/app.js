@@ -157,6 +157,7 @@ const PANELS = [
   {title: "Stop reasons (training)", prefix: "rollout/stop/", stack: true},
   // each class's share; the infrastructure's share and the policy-only accuracy are not classes
   {title: "Outcomes (training)", prefix: "outcome/", exclude: ["infrastructure", "accuracy_policy_only"], stack: true},
+  {title: "Resampled attempts (training)", prefix: "outcome/resampled/", stack: true},
   {title: "KL", keys: ["train/kl"]},
   {title: "Entropy", keys: ["train/entropy"]},
   {title: "Clip fraction", keys: ["train/clip_fraction"]},
@@ -315,7 +316,8 @@ function showTrajectoryList(box, name, recorded) {
         onclick: () => { location.hash = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`; }},
       h("td", {}, r.step), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
       h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
-      h("td", {}, r.stop_reason || "–"), h("td", {class: r.outcome_side === "infrastructure" ? "outcome-infrastructure" : ""}, r.outcome || "–"),
+      h("td", {}, r.stop_reason || "–"), h("td", {class: r.outcome_side === "infrastructure" ? "outcome-infrastructure" : ""},
+        (r.outcome || "–") + (r.replaced ? " · replaced" : r.attempt ? ` · attempt ${r.attempt}` : "")),
       h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
       h("td", {class: "mono"}, String(r.final_answer ?? "").slice(0, 80)))));
   }
@@ -459,7 +461,8 @@ async function showTrajectory(name, kind, step, index) {
   const facts = kv("sample", h("span", {class: "mono"}, r.sample_id), "reward", fmt(r.reward),
     "rewards", Object.entries(r.rewards || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ") || "–",
     "advantage", fmt(r.advantage), "correct", fmt(r.correct), "stop reason", r.stop_reason || "–",
-    "outcome", r.outcome ? `${r.outcome}${r.outcome_side ? ` (${r.outcome_side})` : ""}` : "–", "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
+    "outcome", r.outcome ? `${r.outcome}${r.outcome_side ? ` (${r.outcome_side})` : ""}` : "–",
+    "attempt", r.replaced ? `${r.attempt}, replaced by a resample (not trained)` : fmt(r.attempt || 0), "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
     "final answer", h("span", {class: "mono"}, String(r.final_answer ?? "–").slice(0, LONG_TEXT)),
     "expected", h("span", {class: "mono"}, String(r.expected ?? "–").slice(0, LONG_TEXT)),
     "policy version", fmt(r.policy_version),

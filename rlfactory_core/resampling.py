@@ -1,0 +1,114 @@
+"""Resampling: a group's members that failed on the infrastructure's side run again before the
+group joins a batch.
+
+A member whose outcome the run handles ``resample`` (:class:`~rlfactory_core.outcomes.FailureHandling`;
+the default for the infrastructure's classes: a timed-out search, a service that was down) is
+rolled out again, alone, on the same prompt, with a seed of its own, up to
+``failures.max_resamples`` times; the first attempt that does not end in such a class takes its
+place in the group (same group, same place). One that fails every time stays, masked (out of
+the loss and of the group's baseline). So a group is trained as if the services had worked,
+while a flaky service costs generation, not signal.
+
+**When**: between a rollout and :class:`~rlfactory_core.training.assembly.BatchAssembler`, the one
+place a batch is formed: the synchronous phases run every failed member of a rollout at once
+(:func:`resample_rollout`); the asynchronous schedule runs a group's as soon as that group
+finished (:func:`resample_group`), while the other groups still generate. Both on the current
+weights, so a resampled member is never older than its chunk's admission allowed
+(``train.max_staleness``).
+
+**Seeds**: an attempt's seed comes from (``train.seed`` or ``rollout.sampling.seed``, the step,
+the prompt's data position, the member, the attempt), never from which attempts finished first,
+so a rerun of the run resamples the same trajectories.
+
+**What is kept**: each replaced attempt (:class:`Replaced`): the step's metrics count them
+(``outcome/resampled/<class>``), and the recorded groups record them beside the trajectories
+that replaced them (:mod:`rlfactory_core.records`, ``replaced``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .config import RunConfig
+from .engines import rollout_config_for
+from .rewards import ScoredBatch
+
+__all__ = ["Replaced", "resample_seed", "resample_group", "resample_rollout"]
+
+
+@dataclass
+class Replaced:
+    """One attempt a resample replaced: its group and member, which attempt it was (0: the
+    rollout's own), the trajectory and its one-row scores."""
+
+    group: int
+    member: int
+    attempt: int
+    trajectory: Any
+    scored: ScoredBatch
+
+    @property
+    def outcome(self) -> str | None:
+        return self.scored.outcomes[0] if self.scored.outcomes else None
+
+
+def resample_seed(config: RunConfig, step: int, position: int, member: int, attempt: int) -> int:
+    """The sampling seed of ``attempt`` (1, 2, ...) at the member ``member`` of the prompt at data
+    ``position`` in step ``step`` (a 31-bit hash: no attempt's seed is another trajectory's
+    ``seed + index`` by construction of a sum)."""
+    base = config.rollout.sampling.seed if config.rollout.sampling.seed is not None else config.train.seed
+    key = f"resample/{base}/{step}/{position}/{member}/{attempt}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+async def resample_group(engine: Any, config: RunConfig, step: int, sample: Any, position: int,
+                         trajectories: list[Any], scored: ScoredBatch) -> tuple[list[Any], ScoredBatch, list[Replaced]]:
+    """One group (``trajectories`` of ``sample``, at data ``position``, with their ``scored``
+    rows) with each member handled ``resample`` run again (module docstring); the group, its
+    scores and the attempts replaced. A group without such a member comes back as it was."""
+    failures = config.failures
+    redo = [member for member, again in enumerate(failures.resampled(scored.outcomes)) if again]
+    if not redo or not failures.max_resamples:
+        return trajectories, scored, []
+    group = trajectories[0].group
+
+    async def member_again(member: int) -> tuple[Any, ScoredBatch, list[Replaced]]:
+        trajectory, row = trajectories[member], scored.select([member])
+        replaced = []
+        for attempt in range(1, failures.max_resamples + 1):
+            rollout_config = rollout_config_for(config, step)
+            rollout_config.sampling.seed = resample_seed(config, step, position, member, attempt)
+            result = await engine.rollout([sample], rollout_config, group_size=1, rewards="train", priority=step)
+            replaced.append(Replaced(group, member, attempt - 1, trajectory, row))
+            trajectory, row = result.trajectories[0], result.scored
+            trajectory.group = group
+            trajectory.metadata["attempt"] = attempt
+            if not failures.resampled(row.outcomes)[0]:
+                break
+        return trajectory, row, replaced
+
+    again = dict(zip(redo, await asyncio.gather(*(member_again(member) for member in redo))))
+    members = [again[m][0] if m in again else t for m, t in enumerate(trajectories)]
+    rows = ScoredBatch.concat([again[m][1] if m in again else scored.select([m]) for m in range(len(trajectories))])
+    return members, rows, [r for m in redo for r in again[m][2]]
+
+
+async def resample_rollout(engine: Any, config: RunConfig, step: int, samples: Sequence[Any],
+                           positions: Sequence[int], trajectories: list[Any],
+                           scored: ScoredBatch) -> tuple[list[Any], ScoredBatch, list[Replaced]]:
+    """:func:`resample_group` on every group of one rollout of ``samples`` (at data
+    ``positions``; trajectory ``group`` ``g`` is ``samples[g]``'s), all at once; the rollout's
+    trajectories in their order, their scores, and every attempt replaced."""
+    if not any(config.failures.resampled(scored.outcomes)) or not config.failures.max_resamples:
+        return trajectories, scored, []
+    by_group: dict[int, list[int]] = {}
+    for row, trajectory in enumerate(trajectories):
+        by_group.setdefault(trajectory.group, []).append(row)
+    done = await asyncio.gather(*(
+        resample_group(engine, config, step, samples[g], positions[g], [trajectories[r] for r in rows],
+                       scored.select(rows)) for g, rows in by_group.items()))
+    return ([t for members, _, _ in done for t in members], ScoredBatch.concat([rows for _, rows, _ in done]),
+            [r for _, _, replaced in done for r in replaced])
