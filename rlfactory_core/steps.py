@@ -27,7 +27,7 @@ from .data import indices_at, untrained_positions
 from .engines import rollout_config_for
 from .evaluation import eval_summary, tool_metrics
 from .families import TEMPLATE
-from .outcomes import outcome_metrics
+from .outcomes import INFRASTRUCTURE, outcome_metrics, side_of
 from .records import trajectory_records, write_records
 from .resampling import resample_rollout
 from .rewards import ScoredBatch
@@ -300,6 +300,10 @@ def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, u
     metrics["reward/constant_groups"] = sum(1 for grp in groups.values() if max(grp) == min(grp)) / len(groups)
     metrics.update({"advantage/mean": float(advantages.mean()), "advantage/std": float(advantages.std()),
                     "advantage/max": float(advantages.max()), "advantage/min": float(advantages.min())})
+    # what the service's failures taught: negative when they are trained on as scored (0 masked)
+    infrastructure = [row for row, o in enumerate(scored.outcomes) if o is not None and side_of(o) == INFRASTRUCTURE]
+    if infrastructure:
+        metrics["advantage/on_infrastructure"] = float(advantages[infrastructure].sum())
     rollout_stats = rollout_metrics(trajectories)
     metrics.update(rollout_stats)
     metrics.update(tool_metrics("tools", rollout_stats, trajectories))

@@ -344,6 +344,7 @@ def test_a_run_masks_a_failing_services_trajectories_and_counts_them(tmp_path, t
     flaky_run(tmp_path / "penalized", tiny_model_dir, "failures.infrastructure=penalize")
     penalized = read_metrics(tmp_path / "penalized")[1]
     assert penalized["outcome/tool_infra_error"] == share and "outcome/masked/tool_infra_error" not in penalized
+    assert step["advantage/on_infrastructure"] == 0.0
 
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
@@ -413,7 +414,9 @@ def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replac
     only; outcome/resampled counts the replaced attempts; the recorded groups hold each replaced
     attempt (replaced, attempt 0, no advantage) beside the attempt that replaced it (attempt 1,
     trained); the resample's seeds are (step, position, member, attempt)'s, the same in a
-    rerun. The synchronous phases and the asynchronous stream alike."""
+    rerun. With failures.infrastructure=penalize, the failed attempts are trained on as wrong
+    answers (a negative advantage/on_infrastructure). The synchronous phases and the
+    asynchronous stream alike."""
     from rlfactory_core.config import load_config
     from rlfactory_core.metrics import read_metrics
     from rlfactory_core.records import RunRecords
@@ -426,8 +429,15 @@ def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replac
         seeds = []
         flaky_run(tmp_path / rerun, tiny_model_dir, f"train.mode={mode}", "grpo.tis_cap=2.0", seeds=seeds)
         runs.append((read_metrics(tmp_path / rerun)[1], RunRecords(tmp_path / rerun).list("train", 1), seeds))
+    seen = set()  # today's behaviour, for contrast: the failed attempts trained as wrong answers
+    SERVICE["fails"] = lambda expression: expression not in seen and not seen.add(expression)
+    flaky_run(tmp_path / "penalized", tiny_model_dir, f"train.mode={mode}", "grpo.tis_cap=2.0",
+              "failures.infrastructure=penalize")
+    penalized = read_metrics(tmp_path / "penalized")[1]
     SERVICE["fails"] = lambda expression: "+" in expression
     (step, rows, seeds), (_, rows_again, seeds_again) = runs
+    # a failed member beside an answered one got a wrong answer's advantage; resampled, none is trained
+    assert penalized["advantage/on_infrastructure"] < 0 and "advantage/on_infrastructure" not in step
     trained = [r for r in rows if not r["replaced"]]
     replaced = [r for r in rows if r["replaced"]]
     assert len(trained) == 8 and {r["outcome"] for r in trained} == {"answered"}
