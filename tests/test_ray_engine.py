@@ -181,11 +181,15 @@ def test_one_update_gives_the_local_engines_weights_and_the_rollout_workers_load
                 update={"policy": "resample", "max_resamples": 1})})
             local_scored, ray_scored = (await local.rollout(samples, rollout_config, group_size=2))[1], \
                 (await remote.rollout(samples, rollout_config, group_size=2))[1]
+            done_before = [await w.rollouts_done.remote() for w in remote.rollout_workers]
             resampled = [await resample_rollout(engine, again, 1, samples, [10, 11, 12, 13], list(t), scored)
                          for engine, t, scored in ((local, trajectories, local_scored),
                                                    (remote, ray_trajectories, ray_scored))]
             (local_members, _, local_replaced), (ray_members, _, ray_replaced) = resampled
             assert len(local_replaced) == len(ray_replaced) == 8
+            # the one-prompt rollouts go round the workers (RayEngine._workers_for): 4 each
+            assert [await w.rollouts_done.remote() - before
+                    for w, before in zip(remote.rollout_workers, done_before)] == [4, 4]
             assert [model_tokens(t) for t in ray_members] == [model_tokens(t) for t in local_members]
             assert [r.trajectory for r in local_replaced] == trajectories  # what each replaced
             assert [t.group for t in local_members] == groups and all(t.metadata["attempt"] == 1 for t in ray_members)

@@ -97,6 +97,7 @@ class RayEngine:
         self.policy_version = 0  # of the trainer's weights (engines.base); set by start
         self.synced_version: int | None = None  # of self.weights (before the first sync: the loaded weights')
         self.restarts = 0  # rollout workers replaced, whole run
+        self._next_worker = 0  # where a rollout of fewer prompts than workers starts (a resample's one)
         # this step's: the rollouts and pushes between two updates (an asynchronous schedule's
         # chunks overlap, so the window is the step's, not one rollout call's); reset by each update
         self.restarts_left = config.ray.max_restarts
@@ -317,7 +318,7 @@ class RayEngine:
                 except ray.exceptions.RayActorError as exc:
                     await self._replace_rollout_worker(index, worker, exc, f"running its {end - start} prompt(s) again")
 
-        parts = await asyncio.gather(*(run(i, s, e) for i, (s, e) in enumerate(spans)))
+        parts = await asyncio.gather(*(run(w, s, e) for w, (s, e) in zip(self._workers_for(spans), spans)))
         for (start, _), part in zip(spans, parts):
             for trajectory in part[0]:  # a worker numbers the groups of its chunk from 0
                 trajectory.group += start
@@ -366,7 +367,7 @@ class RayEngine:
 
         async def all_streams() -> None:
             try:
-                await asyncio.gather(*(stream(i, s, e) for i, (s, e) in enumerate(spans)))
+                await asyncio.gather(*(stream(w, s, e) for w, (s, e) in zip(self._workers_for(spans), spans)))
             except BaseException as exc:
                 await out.put(exc)
                 raise
@@ -381,6 +382,17 @@ class RayEngine:
         finally:
             feeder.cancel()
             await asyncio.gather(feeder, return_exceptions=True)
+
+    def _workers_for(self, spans: list[tuple[int, int]]) -> list[int]:
+        """The rollout workers of a rollout's chunks: all of them from worker 0; a rollout of
+        fewer chunks than workers (the concurrent one-prompt rollouts of
+        :mod:`rlfactory_core.resampling`) goes round, so such rollouts spread over the workers.
+        The seeds are the chunks', not the workers': any worker samples the same tokens."""
+        count = len(self.rollout_workers)
+        if len(spans) >= count:
+            return list(range(len(spans)))
+        first, self._next_worker = self._next_worker, (self._next_worker + len(spans)) % count
+        return [(first + i) % count for i in range(len(spans))]
 
     async def _replace_rollout_worker(self, index: int, worker: Any, exc: Exception, then: str) -> None:
         """Dead rollout worker ``index`` replaced (counted against ``ray.max_restarts``), saying
