@@ -20,6 +20,13 @@ weights, so a resampled member is never older than its chunk's admission allowed
 the prompt's data position, the member, the attempt), never from which attempts finished first,
 so a rerun of the run resamples the same trajectories.
 
+**Lost, not failed**: a trajectory that never finished (its ray rollout worker died) has no
+outcome to handle; the ray engine runs a dead worker's unfinished groups again on its
+replacement with their own seeds (:mod:`rlfactory_core.engines.ray`), which gives the very
+trajectories the run would have had, where a resample's new seed would give others. The two
+meet in the group: a rerun group's members that fail on the service's side are resampled here
+like any other.
+
 **What is kept**: each replaced attempt (:class:`Replaced`): the step's metrics count them
 (``outcome/resampled/<class>``), and the recorded groups record them beside the trajectories
 that replaced them (:mod:`rlfactory_core.records`, ``replaced``).
