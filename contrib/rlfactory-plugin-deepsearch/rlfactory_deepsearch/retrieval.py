@@ -43,13 +43,14 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, Union, runtime_checkable
 from urllib.parse import urlsplit
 
-from rlfactory_core import ConfigError, RLFactoryError, TransientToolError, one_line
+from rlfactory_core import ConfigError, InfrastructureError, RLFactoryError, TransientToolError, one_line
 
 __all__ = [
     "Document",
     "Hit",
     "retriever_option_problems",
     "RetrieverUnavailable",
+    "RetrieverAnswerUnusable",
     "Retriever",
     "read_corpus",
     "corpus_fingerprint",
@@ -620,6 +621,12 @@ class RetrieverUnavailable(RLFactoryError, TransientToolError):
     which the tool manager makes (``TransientToolError``) before the model sees an error."""
 
 
+class RetrieverAnswerUnusable(RLFactoryError, InfrastructureError):
+    """The retriever server answered, but not with results (HTTP 4xx, malformed JSON or
+    results): the service's failure (a misconfigured or wrong server), never the model's query,
+    which the search tool checks before sending; a retry would get the same answer."""
+
+
 class HTTPRetriever:
     """A client of a retriever server speaking Search-R1's API (``rlf retriever serve``,
     or Search-R1's own ``retrieval_server.py``).
@@ -732,14 +739,15 @@ class HTTPRetriever:
                 detail = response.text
             first_line = next((line.strip() for line in detail.splitlines() if line.strip()), "(empty body)")
             # A server error may pass (a restart, an overload); a client error will not.
-            error = RetrieverUnavailable if response.status_code >= 500 else RLFactoryError
+            error = RetrieverUnavailable if response.status_code >= 500 else RetrieverAnswerUnusable
             raise error(f"retriever server {self.url} answered HTTP {response.status_code}: "
                         f"{first_line[:200]}", hint="see the server's log")
         try:
             payload = response.json()
         except ValueError:
-            raise RLFactoryError(f"retriever server {self.url} answered malformed JSON: {response.text[:120]!r}",
-                                 hint="is the URL a retriever server (POST /retrieve)?") from None
+            raise RetrieverAnswerUnusable(
+                f"retriever server {self.url} answered malformed JSON: {response.text[:120]!r}",
+                hint="is the URL a retriever server (POST /retrieve)?") from None
         return _parse_results(payload, n_queries, self.url)
 
 
@@ -748,7 +756,7 @@ def _parse_results(payload: Any, n_queries: int, url: str) -> list[list[Hit]]:
     ``id`` may be missing: Search-R1's BM25 server sends ``title``/``text``/``contents``."""
 
     def malformed(what: str) -> RLFactoryError:
-        return RLFactoryError(f"retriever server {url} answered a malformed result: {what}",
+        return RetrieverAnswerUnusable(f"retriever server {url} answered a malformed result: {what}",
                               hint="the server must speak Search-R1's retriever API with return_scores=true")
 
     result = payload.get("result") if isinstance(payload, dict) else None

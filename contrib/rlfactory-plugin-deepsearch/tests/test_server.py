@@ -18,7 +18,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from typer.testing import CliRunner
 
-from rlfactory_core import ConfigError, RLFactoryError
+from rlfactory_core import ConfigError, RLFactoryError, ToolCall, Trajectory, outcome_of
+from rlfactory_core.testing import ConcurrentToolManager
+from rlfactory_deepsearch.env import DeepSearchEnv
 from rlfactory_deepsearch.cli_retriever import app as retriever_cli
 from rlfactory_deepsearch.retrieval import BM25Retriever, Document, HTTPRetriever
 from rlfactory_deepsearch.server import RetrieverServer, create_app
@@ -279,3 +281,55 @@ def test_cli_serves_a_corpus(tmp_path):
         process.terminate()
         process.wait(30)
     assert list(Path(tmp_path / "cache").iterdir())  # the index was cached
+
+
+# -- failures through the search tool and the tool manager (rlfactory_core.outcomes) -----------
+
+
+def _failing_app(mode: str) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/retrieve")
+    async def retrieve():
+        if mode == "hang":
+            import asyncio
+
+            await asyncio.sleep(3)
+        if mode == "503":
+            return JSONResponse({"detail": "overloaded"}, status_code=503)
+        return PlainTextResponse("<html>a login page</html>")
+
+    return app
+
+
+@pytest.mark.parametrize(("case", "outcome"), [
+    ("stopped", "tool_unavailable"),  # the server stopped: unreachable, retries spent
+    ("503", "tool_unavailable"),
+    ("hang", "tool_timeout"),  # the tool manager's timeout_s: the service did not answer in time
+    ("malformed", "tool_infra_error"),  # an answer the client cannot use: the service's, not the query's
+])
+async def test_a_failing_retriever_service_is_the_infrastructures_failure_through_the_tool_manager(
+        server, case, outcome):
+    """The env's real search tool on a real retriever server (or one that fails as named),
+    through the real tool manager: each failure is classified on the infrastructure's side,
+    so a run resamples it instead of training on it as a wrong answer."""
+    failing = None if case == "stopped" else RetrieverServer(_failing_app(case)).start()
+    env = DeepSearchEnv(retriever="http", url=(failing or server).url, max_batch=1)
+    manager = ConcurrentToolManager(env.tools, timeout_s=1, max_retries=1, retry_backoff_s=0.0)
+    call = ToolCall(name="search", arguments={"query": "capital of France"})
+    try:
+        if case == "stopped":
+            [ok] = await manager.call([call], {})
+            assert ok.ok and outcome_of(_ended([ok])) == "answered"
+            server.stop()
+        [failed] = await manager.call([call], {})
+        assert not failed.ok and outcome_of(_ended([failed])) == outcome
+    finally:
+        await manager.close()
+        if failing is not None:
+            failing.stop()
+
+
+def _ended(results) -> Trajectory:
+    return Trajectory(sample_id="s", prompt_ids=[1], tool_results=list(results), stop_reason="env_done",
+                      final_answer="x")

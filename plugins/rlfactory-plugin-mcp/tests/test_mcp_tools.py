@@ -154,11 +154,18 @@ async def test_a_killed_server_is_restarted_and_the_call_retried():
         assert tools.restarts == 1
         [new_process] = server_processes()
         assert new_process.pid != process.pid
-        # a tool that kills its server: restarted and retried once, then the failure is the call's
+        # a tool that kills its server: restarted and retried once, then the connection is lost again
         with pytest.raises(Exception, match="Connection closed"):
             await by_name(tools)["crash"].call({})
         assert (await echo.call({"text": "still"})).content == "still"
         assert tools.restarts == 3  # the crash's retry, and the call after it
+        # through the tool manager: a transient failure, retried once more, then the service's
+        # (rlfactory_core.outcomes: tool_unavailable), not the model's call's
+        crash = by_name(tools)["crash"]
+        manager = ConcurrentToolManager([crash], max_retries=1, retry_backoff_s=0.0)
+        [lost] = await manager.call([ToolCall(name=crash.name, arguments={})], {})
+        ended = Trajectory(sample_id="s", prompt_ids=[1], tool_results=[lost], stop_reason="env_done")
+        assert lost.transient and outcome_of(ended) == "tool_unavailable"
     finally:
         await tools.close()
     assert server_processes() == [], [p.cmdline() for p in server_processes()]
