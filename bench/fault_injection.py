@@ -203,7 +203,7 @@ def draw(runs: dict[str, list[dict[str, Any]]], base: dict[str, float], png: Pat
         steps = list(range(1, len(arm_runs[0]["steps"]) + 1))
         for ax, values in ((axes[1], [per_step(r, "tools/calls_per_trajectory") for r in arm_runs]),):
             mean = [sum(v[i] for v in values) / len(values) for i in range(len(steps))]
-            line, = ax.plot(steps, mean, label=arm)
+            line, = ax.plot(steps, mean, marker=".", label=arm)
             ax.fill_between(steps, [min(v[i] for v in values) for i in range(len(steps))],
                             [max(v[i] for v in values) for i in range(len(steps))], color=line.get_color(), alpha=0.15)
         for ax, key in ((axes[0], ACCURACY), (axes[2], SEARCHES)):
@@ -259,7 +259,7 @@ def main(argv: list[str]) -> None:
         def over(fn):
             return spread([fn(r) for r in arm_runs])
         print(f"| {arm} | {over(lambda r: r['evals'][last][ACCURACY])} | {over(lambda r: r['evals'][last][SEARCHES])} "
-              f"| {over(lambda r: sum(per_step(r, 'tools/calls_per_trajectory')[-2:]) / 2)} "
+              f"| {over(lambda r: sum(per_step(r, 'tools/calls_per_trajectory')[-2:]) / len(r['steps'][-2:]))} "
               f"| {over(lambda r: sum(per_step(r, 'outcome/infrastructure')) / len(r['steps']))} "
               f"| {over(lambda r: sum(resampled_share(s) for s in r['steps']) / len(r['steps']))} "
               f"| {over(lambda r: sum(per_step(r, 'advantage/on_infrastructure')))} |")
