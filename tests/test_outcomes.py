@@ -405,7 +405,7 @@ def test_a_failures_section_with_several_mistakes_names_each_at_once():
     assert not any("Value error" in e for e in errors)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "one_step_off", "async"])
 def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replace_their_attempts(
         tmp_path, tiny_model_dir, mode):
     """By default (failures.infrastructure=resample) a member whose calculator call met an outage
@@ -415,8 +415,8 @@ def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replac
     attempt (replaced, attempt 0, no advantage) beside the attempt that replaced it (attempt 1,
     trained); the resample's seeds are (step, position, member, attempt)'s, the same in a
     rerun. With failures.infrastructure=penalize, the failed attempts are trained on as wrong
-    answers (a negative advantage/on_infrastructure). The synchronous phases and the
-    asynchronous stream alike."""
+    answers (a negative advantage/on_infrastructure). In every training mode: the synchronous
+    phases (sync, one_step_off's rollout ahead) and the asynchronous stream."""
     from rlfactory_core.config import load_config
     from rlfactory_core.metrics import read_metrics
     from rlfactory_core.records import RunRecords
