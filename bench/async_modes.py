@@ -112,16 +112,38 @@ class CpuSampler:
         return (busy1 - busy0) / max(all1 - all0, 1e-9)
 
 
+def forward(handler: http.server.BaseHTTPRequestHandler, upstream: str, body: bytes) -> None:
+    """A proxy's answer to a POST: ``body`` sent to ``upstream``, its JSON answer sent back."""
+    request = urllib.request.Request(upstream, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        data = response.read()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+@contextlib.contextmanager
+def retriever_server() -> Iterator[str]:
+    """``rlf retriever serve`` (BM25 on the deepsearch corpus); yields its ``/retrieve`` URL."""
+    server = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", "retriever", "serve", "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = server.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError(f"rlf retriever serve did not start (said {url!r})")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 @contextlib.contextmanager
 def latency_retriever(latency: tuple[float, float], seed: int = 0) -> Iterator[str]:
     """``rlf retriever serve`` (BM25 on the deepsearch corpus) behind a proxy that holds every
     request for a time drawn from ``latency``; yields the proxy's ``/retrieve`` URL."""
-    server = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", "retriever", "serve", "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        upstream = server.stdout.readline().strip()
-        if not upstream.startswith("http"):
-            raise RuntimeError(f"rlf retriever serve did not start (said {upstream!r})")
+    with retriever_server() as upstream:
         rng, lock = random.Random(seed), threading.Lock()
 
         class Proxy(http.server.BaseHTTPRequestHandler):
@@ -130,14 +152,7 @@ def latency_retriever(latency: tuple[float, float], seed: int = 0) -> Iterator[s
                 with lock:
                     delay = rng.uniform(*latency)
                 time.sleep(delay)
-                request = urllib.request.Request(upstream, data=body, headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    data = response.read()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                forward(self, upstream, body)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -148,9 +163,6 @@ def latency_retriever(latency: tuple[float, float], seed: int = 0) -> Iterator[s
             yield f"http://127.0.0.1:{proxy.server_address[1]}/retrieve"
         finally:
             proxy.shutdown()
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 def run_arm(mode: str, split: str, order: str, seed: int, args: argparse.Namespace, extra: list[str], work: Path,

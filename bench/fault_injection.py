@@ -45,32 +45,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
 from async_learning import majority_baseline  # bench/: the script's own directory is on sys.path
+from async_modes import forward, retriever_server
 
 from rlfactory_core.metrics import read_metrics
 
 ACCURACY, SEARCHES = "eval/reward/accuracy", "eval/tools/calls_per_trajectory"
 TOOL_TIMEOUT_S = 3.0  # the tool manager's timeout_s in every arm; a hang lasts longer
 DEEPSEARCH = ["--env", "deepsearch", "cold_start.source=off"]
-
-
-@contextlib.contextmanager
-def retriever_server() -> Iterator[str]:
-    """``rlf retriever serve`` (BM25 on the deepsearch corpus); yields its ``/retrieve`` URL."""
-    server = subprocess.Popen([sys.executable, "-m", "rlfactory_cli", "retriever", "serve", "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        url = server.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError(f"rlf retriever serve did not start (said {url!r})")
-        yield url
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 @contextlib.contextmanager
@@ -95,15 +80,8 @@ def faulty_proxy(upstream: str, rate: float, seed: int) -> Iterator[tuple[str, c
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
                 return
-            request = urllib.request.Request(upstream, data=body, headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=60) as response:
-                data = response.read()
             with contextlib.suppress(OSError):  # the client gave up on a hung request meanwhile
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                forward(self, upstream, body)
 
         def log_message(self, *args: Any) -> None:
             pass
