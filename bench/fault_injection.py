@@ -18,7 +18,9 @@ run interleaved, seed 0 of every arm first, so a slower stretch of the machine f
 arm alike.
 
 Reported per arm (mean and range over seeds): held-out exact match and searches per held-out
-question at each checkpoint; in training, searches per trajectory, the share of trajectories
+question at each checkpoint; in training, searches per trajectory, the share of searches that
+failed (``tools/error_rate``: ``RATE`` when failures stay independent; more when one failure
+holds up other searches, as a hung request once did), the share of trajectories
 the service failed (``outcome/infrastructure``, counted before the handling for resampled
 members via ``outcome/resampled/*``), and ``advantage/on_infrastructure`` (the advantage the
 steps gave trajectories the service failed: negative when they are trained on as wrong
@@ -146,7 +148,8 @@ def run_arm(arm: str, handling: str, rate: float, seed: int, url: str, args: arg
             if done.returncode != 0:
                 raise RuntimeError(f"{arm} seed {seed} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
         (run_dir / "faults.json").write_text(json.dumps({"faults": dict(faults), "minutes": (time.time() - started) / 60}))
-    steps = [r for r in read_metrics(run_dir) if r["step"] >= 1 and "train/loss" in r]
+    # every training step, trained on or not (a step whose trajectories were all masked has no loss)
+    steps = [r for r in read_metrics(run_dir) if r["step"] >= 1 and "reward/mean" in r]
     evals = {}
     for checkpoint in sorted((run_dir / "checkpoints").glob("step-*")):
         step = int(checkpoint.name.split("-")[1])
@@ -230,14 +233,15 @@ def main(argv: list[str]) -> None:
           f"warm-up-alone score: no warm-up), majority answer ({answer!r}) {majority:.3f}\n")
     last = max(runs[args.arms[0]][0]["evals"])
     print(f"| arm | held-out step {last} | searches/question held out | searches/trajectory in training, last 2 "
-          f"steps | failed by the service, training | resampled / trajectory | advantage on the service's failures, "
-          f"sum over steps |")
-    print("|---|---|---|---|---|---|---|")
+          f"steps | searches failed, training | failed by the service, training | resampled / trajectory | advantage on "
+          f"the service's failures, sum over steps |")
+    print("|---|---|---|---|---|---|---|---|")
     for arm, arm_runs in runs.items():
         def over(fn):
             return spread([fn(r) for r in arm_runs])
         print(f"| {arm} | {over(lambda r: r['evals'][last][ACCURACY])} | {over(lambda r: r['evals'][last][SEARCHES])} "
               f"| {over(lambda r: sum(per_step(r, 'tools/calls_per_trajectory')[-2:]) / len(r['steps'][-2:]))} "
+              f"| {over(lambda r: sum(per_step(r, 'tools/error_rate')) / len(r['steps']))} "
               f"| {over(lambda r: sum(per_step(r, 'outcome/infrastructure')) / len(r['steps']))} "
               f"| {over(lambda r: sum(resampled_share(s) for s in r['steps']) / len(r['steps']))} "
               f"| {over(lambda r: sum(per_step(r, 'advantage/on_infrastructure')))} |")

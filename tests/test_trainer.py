@@ -258,6 +258,26 @@ def test_an_update_moves_the_policy_toward_rewarded_tokens():
     assert (after[1][mask[1]] - before[1][mask[1]]).sum() < 0
 
 
+def test_a_batch_with_nothing_to_learn_leaves_the_weights_alone():
+    """All advantages zero (every group constant, or masked): no optimizer step, though Adam
+    carries momentum from the step before (which would move every weight again)."""
+    config = load_config([], ["grpo.group_size=2", "train.bf16=false"])
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    learned = update_policy(model, None, optimizer, _batch_for(model, config), config)
+    assert learned["train/optimizer_steps"] == 1
+    before = [p.detach().clone() for p in model.parameters()]
+    flat = _batch_for(model, config)
+    flat["advantages"] = torch.zeros_like(flat["advantages"])
+    stats = update_policy(model, None, optimizer, flat, config)
+    assert stats["train/optimizer_steps"] == 0 and stats["train/grad_norm"] == 0.0
+    assert stats["train/loss"] == 0.0 and stats["train/trained_tokens"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with_kl = load_config([], ["grpo.group_size=2", "train.bf16=false", "grpo.kl_coef=0.1"])
+    stats = update_policy(model, FrozenReference(tiny_model(seed=1)), optimizer, flat, with_kl)
+    assert stats["train/optimizer_steps"] == 1  # the KL term still has a gradient
+
+
 def test_multi_epoch_updates_use_recomputed_old_logprobs_and_kl():
     config = load_config([], ["grpo.group_size=2", "train.bf16=false", "grpo.epochs=2", "grpo.mini_batches=2",
                               "grpo.kl_coef=0.1", "grpo.tis_cap=2.0"])

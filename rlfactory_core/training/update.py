@@ -122,6 +122,10 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     average), so the gradient, the clipping and the step are the ones a single process
     computes (tested for parity).
 
+    A mini-batch whose gradient is exactly zero (every advantage zero, no KL or entropy term)
+    takes no optimizer step (``train/optimizer_steps`` counts the steps taken): a step of
+    Adam on a zero gradient still moves every weight by its momentum.
+
     A batch with ``recorded`` (``[B]``, the rows the run records token by token) gets
     ``trainer_logprobs`` (``[B, L]``): those rows' logprobs under the policy before this
     update (zeros in other rows)."""
@@ -218,8 +222,13 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
             # the same on every rank: counted once when the ranks' statistics are merged
             sums["train/grad_norm"] += float(grad_norm) / ranks
             counts["train/grad_norm"] += 1 / ranks
-            optimizer.step()
             counts["train/loss"] += 1 / ranks
+            if float(grad_norm) == 0.0:
+                # Nothing to learn here (every advantage zero: constant or masked groups; no KL
+                # or entropy term): Adam's momentum alone would repeat earlier updates with no
+                # new evidence, so the weights stay as they are.
+                continue
+            optimizer.step()
             sums["train/optimizer_steps"] += 1 / ranks
     if kept is not None:
         dp.combine_rows(kept, model)
@@ -234,6 +243,7 @@ def update_policy(model: Any, reference: Any, optimizer: Any, batch: Any, config
     if "train/optimizer_steps" in out:
         out["train/optimizer_steps"] = round(out["train/optimizer_steps"])
     out.setdefault("train/kl", 0.0)
+    out.setdefault("train/optimizer_steps", 0)
     return out
 
 

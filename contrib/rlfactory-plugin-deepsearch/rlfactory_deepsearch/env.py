@@ -398,8 +398,9 @@ class _LazyBatcher:
 
             retriever = await asyncio.to_thread(self._build_once)
             if self._batcher is None:  # no await since the check: one batcher
-                # A remote retriever gets two calls in flight, so one round trip hides the next.
-                in_flight = 2 if self._env.retriever_kind == "http" else 1
+                # A remote retriever gets as many calls in flight as its client has connections:
+                # round trips overlap, and a hung request holds one slot, not the queue.
+                in_flight = getattr(retriever, "max_connections", 2) if self._env.retriever_kind == "http" else 1
                 self._batcher = QueryBatcher(retriever, max_batch=self._env.max_batch,
                                              max_concurrent_batches=in_flight)
         return await self._batcher.search(query, topk)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import logging
 import os
@@ -816,18 +817,30 @@ class _LoopState:
         self.running: set[asyncio.Task] = set()
 
 
+def _end_if_abandoned(group: list[tuple[str, asyncio.Future]], call: asyncio.Task) -> None:
+    if not call.done() and all(future.done() for _, future in group):
+        call.cancel()
+
+
 class QueryBatcher:
     """Joins single queries from concurrent callers into batched ``retriever.search`` calls.
 
     ``await batcher.search(query, topk)`` queues the query. The queue of each ``topk``
     becomes due ``max_wait_s`` after its first query arrived, or at once when it holds
     ``max_batch`` queries; a due queue is sent, up to ``max_batch`` queries at a time, as
-    one ``retriever.search`` call run in a worker thread, as soon as fewer than
+    one ``retriever.search`` call run in a worker thread (or one awaited ``asearch``, for a
+    retriever that has it: the HTTP client), as soon as fewer than
     ``max_concurrent_batches`` calls are running. So under load the queue keeps filling
     while the running call works and the next call carries everything that arrived
     meanwhile; under light load a query waits ``max_wait_s`` at most. Identical queries in
     one call are retrieved once (a GRPO group often repeats a query). A failed call raises
     its exception in every caller of that call.
+
+    A caller that is cancelled (its tool call timed out) leaves: its query is not sent if it
+    was still queued, and an ``asearch`` call all of whose callers left is cancelled, so one
+    hung request frees its slot when its callers give up instead of holding everyone queued
+    behind it past their own timeouts (under a flaky service that cascade turned one hang in
+    six requests into every search timing out).
 
     :param retriever: any :class:`Retriever` (thread-safe ``search``).
     :param max_batch: most queries in one call (1 turns batching off).
@@ -859,6 +872,9 @@ class QueryBatcher:
         self._counts = {"queries": 0, "batches": 0, "retrieved": 0, "largest_batch": 0}
         self._counts_lock = threading.Lock()  # loops in different threads may share a batcher
         self._closed = False
+        # A retriever with an asyncio ``asearch`` (the HTTP client) can be cancelled mid-call;
+        # a synchronous search in a worker thread runs to its end whatever its callers do.
+        self._cancellable = inspect.iscoroutinefunction(getattr(retriever, "asearch", None))
 
     def stats(self) -> BatcherStats:
         """The counters so far (a snapshot)."""
@@ -899,7 +915,10 @@ class QueryBatcher:
         """Start calls for due queues while fewer than ``max_concurrent_batches`` run."""
         while state.due and len(state.running) < self.max_concurrent_batches:
             topk = next(iter(state.due))
-            queue = state.pending[topk]
+            # A caller that gave up while queued (its tool call timed out) is not sent: under
+            # an outage the queue would otherwise fill with searches nobody waits for, and
+            # each new search would time out behind them.
+            queue = [(query, future) for query, future in state.pending[topk] if not future.done()]
             batch, rest = queue[:self.max_batch], queue[self.max_batch:]
             if rest:
                 state.pending[topk] = rest  # still due: it has waited long enough, or is full
@@ -907,9 +926,16 @@ class QueryBatcher:
                 state.due[topk] = None  # to the back: other topks' queues go first
             else:
                 del state.pending[topk], state.due[topk]
+            if not batch:
+                continue
             task = asyncio.get_running_loop().create_task(self._run(batch, topk))
             state.running.add(task)  # a strong reference, or the task may vanish mid-flight
             task.add_done_callback(lambda done: self._finished(state, done))
+            if self._cancellable:
+                # A call every caller has left (timed out) ends now, freeing its slot: one hung
+                # request must not hold the queue behind it past everyone's timeout.
+                for _, future in batch:
+                    future.add_done_callback(lambda _, group=batch, call=task: _end_if_abandoned(group, call))
 
     def _finished(self, state: _LoopState, task: asyncio.Task) -> None:
         state.running.discard(task)
@@ -922,7 +948,10 @@ class QueryBatcher:
             self._counts["retrieved"] += len(queries)
             self._counts["largest_batch"] = max(self._counts["largest_batch"], len(queries))
         try:
-            results = await asyncio.to_thread(self.retriever.search, queries, topk)
+            if self._cancellable:
+                results = await self.retriever.asearch(queries, topk)
+            else:
+                results = await asyncio.to_thread(self.retriever.search, queries, topk)
             if not isinstance(results, list) or len(results) != len(queries):
                 raise RLFactoryError(f"retriever {getattr(self.retriever, 'name', '?')!r} returned "
                                      f"{len(results) if isinstance(results, list) else type(results).__name__} "

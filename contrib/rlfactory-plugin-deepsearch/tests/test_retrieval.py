@@ -20,6 +20,7 @@ from rlfactory_deepsearch.retrieval import (
     DenseRetriever,
     Document,
     Hit,
+    HTTPRetriever,
     QueryBatcher,
     Retriever,
     make_retriever,
@@ -336,6 +337,74 @@ async def test_batcher_survives_a_cancelled_caller(bm25):
     doomed.cancel()
     assert (await kept)[0].document.id == "paris"
     assert doomed.cancelled()
+
+
+async def test_batcher_does_not_send_a_query_whose_caller_left(bm25):
+    gated = GatedRetriever(bm25)
+    batcher = QueryBatcher(gated, max_wait_s=0, max_concurrent_batches=1)
+    first = asyncio.ensure_future(batcher.search("capital of France", 1))
+    await asyncio.to_thread(gated.entered.wait, 30)  # the only slot is busy
+    left = asyncio.ensure_future(batcher.search("capital of Japan", 1))
+    stays = asyncio.ensure_future(batcher.search("capital of Germany", 1))
+    await asyncio.sleep(0)
+    left.cancel()  # its tool call timed out while it was queued
+    gated.gate.set()
+    await first
+    assert (await stays)[0].document.id == "berlin"
+    assert gated.batches == [["capital of France"], ["capital of Germany"]]
+    all_left = asyncio.ensure_future(batcher.search("capital of Japan", 1))
+    await asyncio.sleep(0)
+    all_left.cancel()
+    await asyncio.sleep(0.05)
+    assert len(gated.batches) == 2  # a queue whose every caller left is never sent
+
+
+@pytest.fixture
+def hanging_server():
+    """A retriever server that never answers a query containing "hang" (until the test ends)
+    and answers every other one at once."""
+    import http.server
+
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            queries = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["queries"]
+            if any("hang" in query for query in queries):
+                release.wait(60)
+                return
+            body = json.dumps({"result": [[{"document": {"id": q, "contents": f'"{q}"\nfound'}, "score": 1.0}]
+                                          for q in queries]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/retrieve"
+    release.set()
+    server.shutdown()
+
+
+async def test_a_hung_request_frees_its_slot_when_its_callers_give_up(hanging_server):
+    """Both slots hang; the searches queued behind them still get answers once the hung
+    searches' callers time out, long before the hung requests would end."""
+    client = HTTPRetriever(hanging_server, timeout_s=60)
+    batcher = QueryBatcher(client, max_batch=1, max_wait_s=0, max_concurrent_batches=2)
+    hung = [asyncio.ensure_future(asyncio.wait_for(batcher.search(f"hang {i}", 1), 0.5)) for i in range(2)]
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(asyncio.wait_for(batcher.search(f"query {i}", 1), 30)) for i in range(4)]
+    outcomes = await asyncio.gather(*hung, *queued, return_exceptions=True)
+    assert all(isinstance(o, asyncio.TimeoutError) for o in outcomes[:2])
+    assert [hits[0].document.id for hits in outcomes[2:]] == [f"query {i}" for i in range(4)]
+    await batcher.close()
+    await client.aclose()
 
 
 async def test_batcher_close_sends_the_queue_then_refuses(bm25):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from typer.testing import CliRunner
 
@@ -333,3 +333,33 @@ async def test_a_failing_retriever_service_is_the_infrastructures_failure_throug
 def _ended(results) -> Trajectory:
     return Trajectory(sample_id="s", prompt_ids=[1], tool_results=list(results), stop_reason="env_done",
                       final_answer="x")
+
+
+async def test_hung_searches_do_not_hold_up_the_others_through_the_tool_manager():
+    """A service that hangs some requests: those searches time out (the infrastructure's),
+    while searches of other trajectories sent meanwhile are answered, not queued behind them
+    until their own timeouts (which would fail every search of a flaky service)."""
+    import asyncio
+
+    app = FastAPI()
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request):
+        queries = (await request.json())["queries"]
+        if any("hang" in query for query in queries):
+            await asyncio.sleep(30)
+        return {"result": [[{"document": {"id": q, "contents": f'"{q}"\nfound'}, "score": 1.0}] for q in queries]}
+
+    flaky = RetrieverServer(app).start()
+    env = DeepSearchEnv(retriever="http", url=flaky.url, max_batch=1)
+    manager = ConcurrentToolManager(env.tools, timeout_s=2, max_retries=0)
+    try:
+        hung = [manager.call([ToolCall(name="search", arguments={"query": f"hang {i}"})], {}) for i in range(4)]
+        answered = [manager.call([ToolCall(name="search", arguments={"query": f"capital {i}"})], {})
+                    for i in range(4)]
+        results = [result for [result] in await asyncio.gather(*hung, *answered)]
+        assert [outcome_of(_ended([r])) for r in results[:4]] == ["tool_timeout"] * 4, [r.content for r in results[:4]]
+        assert all(r.ok for r in results[4:]), [r for r in results[4:] if not r.ok]
+    finally:
+        await manager.close()
+        flaky.stop()
