@@ -32,8 +32,9 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, Sample, ToolArgumentsError,
-                            ToolCall, ToolResult, get_component, last_tag_content, normalize_answer)
+from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, RLFactoryError, Sample,
+                            ToolArgumentsError, ToolCall, ToolResult, get_component, last_tag_content,
+                            normalize_answer)
 
 __all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages", "search_plan"]
 
@@ -124,7 +125,10 @@ class SearchTool:
         query = str(arguments["query"]).strip()
         if not query:
             raise ToolArgumentsError("the query is empty; search for a few words")
-        hits = await self._batcher.search(query, int(arguments.get("topk") or self.topk))
+        # A sample of test_counterfactual is answered from its own corpus (the changed world).
+        sample = (ctx or {}).get("sample")
+        corpus = sample.get("corpus") if hasattr(sample, "get") else None
+        hits = await self._batcher.search(query, int(arguments.get("topk") or self.topk), corpus)
         return format_passages([hit.document.contents for hit in hits]) if hits else "No passages found."
 
     async def close(self) -> None:
@@ -242,8 +246,10 @@ class DeepSearchEnv:
 
     def dataset(self, size: int | None = None, split: str = "train") -> list[dict[str, Any]]:
         """``size`` samples of ``split`` (all of them when ``size`` is None or larger): the
-        first ones of the built countryinfo split (``train``, ``validation`` or ``test``,
-        already shuffled), or a fixed random subset of ``train_file`` / ``test_file``."""
+        first ones of the built countryinfo split (``train``, ``validation``, ``test``, or one
+        that tests beyond the training templates: ``test_wordings``, ``test_composition``,
+        ``test_counterfactual``; already shuffled), or a fixed random subset of
+        ``train_file`` / ``test_file``."""
         path = self.files.get(split)
         if path is not None:
             samples = _read_samples(Path(path).expanduser())
@@ -259,14 +265,40 @@ class DeepSearchEnv:
         from .data import load_split
 
         samples = load_split(split, data_dir=self.data_dir)
+        named = {sample["corpus"] for sample in samples if sample.get("corpus")}
+        problems = [f"env_options: {problem}" for problem in filter(None, map(self._corpus_problem, sorted(named)))]
+        if problems:
+            raise ConfigError(problems)
         return samples[:size] if size is not None else samples
 
-    def _retriever(self) -> Any:
+    def _corpus_problem(self, corpus_name: str) -> str | None:
+        """Why this env cannot search the corpus a sample names; None when it can."""
+        from .generalisation import COUNTERFACTUAL
+
+        if corpus_name != COUNTERFACTUAL:
+            return f"a sample names the corpus {corpus_name!r}; deepsearch knows only {COUNTERFACTUAL!r}"
+        if self.retriever_kind == "http":
+            return ("test_counterfactual is answered from the changed world's corpus, which an http retriever's "
+                    "server does not hold")
+        if self.corpus is not None:
+            return "test_counterfactual is answered from the built changed world's corpus; drop env_options.corpus"
+        return None
+
+    def _retriever(self, corpus_name: str | None = None) -> Any:
+        """The retriever of the env's corpus, or of the corpus a sample names (``counterfactual``)."""
         from .retrieval import make_retriever
 
-        if self.retriever_kind == "http":
+        if corpus_name is not None:
+            problem = self._corpus_problem(corpus_name)
+            if problem:
+                raise RLFactoryError(problem, hint="evaluate it with the built-in retrievers (bm25 or dense)")
+            from .data import counterfactual_corpus_path
+
+            corpus: Path | None = counterfactual_corpus_path(self.data_dir)
+        elif self.retriever_kind == "http":
             return make_retriever("http", url=self.url, **self.retriever_options)
-        corpus = self.corpus
+        else:
+            corpus = self.corpus
         if corpus is None:
             from .data import default_corpus_path
 
@@ -336,7 +368,7 @@ class DeepSearchEnv:
         """Nothing per episode: the retriever is shared by all of them."""
 
 
-#: The names a countryinfo question states, by kind (the phrasings of ``data._TEMPLATES``).
+#: The names a countryinfo question states, by kind (the phrasings of ``facts.TEMPLATES``).
 _QUESTION_NAMES = {
     "country_of_capital": (r"^Which country has (?P<capital>.+) as its capital\?$",
                            r"^(?P<capital>.+) is the capital of which country\?$"),
@@ -351,66 +383,73 @@ def search_plan(sample: Sample) -> list[tuple[str, str]] | None:
     """The searches for a countryinfo question, as ``(query, what its results must hold)``:
     for a one-hop question the entity and the fact asked for ("Peru capital", the answer); for
     a two-hop one first the clue that names the country ("Lima capital", the country), then
-    the country and the fact. None for a sample without a known ``kind``, ``entity`` and
-    ``answer``, or a question not in one of the dataset's phrasings."""
+    the country and the fact. The names the question states come from its ``slots`` (the
+    splits beyond the training templates keep them) or from its phrasing (the shipped
+    templates). None for a sample without a known ``kind``, ``entity`` and ``answer``, or a
+    question in an unknown phrasing without ``slots``."""
     kind, entity, answer = sample.get("kind"), sample.get("entity"), sample.get("answer")
     if not (isinstance(kind, str) and isinstance(entity, str) and isinstance(answer, str) and entity and answer):
         return None
     if kind in ("capital", "currency", "language", "region"):
         return [(f"{entity} {kind}", answer)]
-    names = None
-    for pattern in _QUESTION_NAMES.get(kind, ()):
+    names = sample.get("slots") if isinstance(sample.get("slots"), dict) else None
+    for pattern in _QUESTION_NAMES.get(kind, ()) if names is None else ():
         found = re.search(pattern, str(sample.get("question", "")).strip())
         if found:
             names = found.groupdict()
             break
     if names is None:
         return None
-    if kind == "country_of_capital":
+    if kind == "country_of_capital" and "capital" in names:
         return [(f"{names['capital']} capital", answer)]
-    if kind == "capital_via_currency_border":
-        return [(f"{names['currency']} {names['neighbour']}", entity), (f"{entity} capital", answer)]
-    fact = kind.removesuffix("_via_capital")  # currency, region
-    return [(f"{names['capital']} capital", entity), (f"{entity} {fact}", answer)]
+    clue, fact = kind.split("_via_", 1) if "_via_" in kind else (None, None)
+    if fact == "capital" and "capital" in names:
+        return [(f"{names['capital']} capital", entity), (f"{entity} {clue}", answer)]
+    if fact == "currency_border" and {"currency", "neighbour"} <= set(names):
+        return [(f"{names['currency']} {names['neighbour']}", entity), (f"{entity} {clue}", answer)]
+    return None
 
 
 class _LazyBatcher:
-    """Builds the retriever on the first search: constructing the env (config checks,
+    """Builds a corpus's retriever on its first search: constructing the env (config checks,
     `rlf envs list`) must not load or index a corpus. Built once: concurrent first searches
     wait for the same build, and a search cancelled by its tool timeout does not restart it
-    (the build goes on in its thread and the next search finds it done)."""
+    (the build goes on in its thread and the next search finds it done). One retriever and
+    batcher per corpus a sample names (``None``: the env's corpus; ``counterfactual``: the
+    changed world of ``test_counterfactual``)."""
 
     def __init__(self, env: DeepSearchEnv):
         self._env = env
-        self._batcher: Any = None
-        self._retriever: Any = None
+        self._batchers: dict[str | None, Any] = {}
+        self._retrievers: dict[str | None, Any] = {}
         self._build_lock = threading.Lock()
 
-    def _build_once(self) -> Any:
+    def _build_once(self, corpus: str | None) -> Any:
         with self._build_lock:
-            if self._retriever is None:
-                self._retriever = self._env._retriever()
-            return self._retriever
+            if corpus not in self._retrievers:
+                self._retrievers[corpus] = self._env._retriever(corpus)
+            return self._retrievers[corpus]
 
-    async def search(self, query: str, topk: int) -> list[Any]:
-        if self._batcher is None:
+    async def search(self, query: str, topk: int, corpus: str | None = None) -> list[Any]:
+        if corpus not in self._batchers:
             from .retrieval import QueryBatcher
 
-            retriever = await asyncio.to_thread(self._build_once)
-            if self._batcher is None:  # no await since the check: one batcher
+            retriever = await asyncio.to_thread(self._build_once, corpus)
+            if corpus not in self._batchers:  # no await since the check: one batcher
                 # A remote retriever gets as many calls in flight as its client has connections:
                 # round trips overlap, and a hung request holds one slot, not the queue.
                 in_flight = getattr(retriever, "max_connections", 2) if self._env.retriever_kind == "http" else 1
-                self._batcher = QueryBatcher(retriever, max_batch=self._env.max_batch,
-                                             max_concurrent_batches=in_flight)
-        return await self._batcher.search(query, topk)
+                self._batchers[corpus] = QueryBatcher(retriever, max_batch=self._env.max_batch,
+                                                      max_concurrent_batches=in_flight)
+        return await self._batchers[corpus].search(query, topk)
 
     async def close(self) -> None:
-        """Stop the batcher, then the retriever's connections (an HTTP retriever's client)."""
-        if self._batcher is not None:
-            await self._batcher.close()
-            self._batcher = None
-            close = getattr(self._retriever, "aclose", None) or getattr(self._retriever, "close", None)
+        """Stop the batchers, then the retrievers' connections (an HTTP retriever's client)."""
+        batchers, self._batchers = self._batchers, {}
+        for corpus, batcher in batchers.items():
+            await batcher.close()
+            retriever = self._retrievers.get(corpus)
+            close = getattr(retriever, "aclose", None) or getattr(retriever, "close", None)
             if close is not None:
                 result = close()
                 if inspect.isawaitable(result):

@@ -24,6 +24,7 @@ import pytest
 from rlfactory_core import RLFactoryError, normalize_answer
 from rlfactory_deepsearch import data
 from rlfactory_deepsearch.data import KINDS, MAX_PASSAGE_WORDS, SPLITS, build, load_split
+from rlfactory_deepsearch.facts import TEMPLATES
 from rlfactory_deepsearch.search_r1_format import (
     SEARCH_R1_PREFIX,
     check_corpus_row,
@@ -34,7 +35,8 @@ from rlfactory_deepsearch.search_r1_format import (
     write_search_r1_parquet,
 )
 
-FILES = ("corpus.jsonl", "train.jsonl", "validation.jsonl", "test.jsonl", "manifest.json")
+FILES = ("corpus.jsonl", "train.jsonl", "validation.jsonl", "test.jsonl", "corpus_counterfactual.jsonl",
+         "test_wordings.jsonl", "test_composition.jsonl", "test_counterfactual.jsonl", "manifest.json")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -228,7 +230,7 @@ def test_no_question_contains_its_answer(samples):
 
 def _slots(sample: dict) -> dict[str, str]:
     """The question's filled-in slots (capital, currency, neighbour), read back by its template."""
-    for template in data._TEMPLATES[sample["kind"]]:
+    for template in TEMPLATES[sample["kind"]]:
         pattern = re.escape(template)
         pattern = re.sub(r"\\\{(\w+)\\\}", lambda m: f"(?P<{m.group(1)}>.+?)", pattern)
         match = re.fullmatch(pattern, sample["question"])

@@ -277,7 +277,8 @@ def test_rlf_data_build_deepsearch(tmp_path):
 
     assert run(["data", "build", "deepsearch", "--out", str(tmp_path / "ds")]) == 0
     assert sorted(p.name for p in (tmp_path / "ds").iterdir()) == [
-        "corpus.jsonl", "manifest.json", "test.jsonl", "train.jsonl", "validation.jsonl"]
+        "corpus.jsonl", "corpus_counterfactual.jsonl", "manifest.json", "test.jsonl", "test_composition.jsonl",
+        "test_counterfactual.jsonl", "test_wordings.jsonl", "train.jsonl", "validation.jsonl"]
     assert run(["data", "build", "arithmetic"]) == 1  # an env that does not build data says so
 
 
