@@ -222,6 +222,20 @@ class EvalSection(_Section):
     rewards: list[RewardSpec] | None = _field(
         None, "the rewards of evaluation (e.g. plain exact match where training adds format terms); "
               "null = the training rewards")
+    splits: list[str] = _field(
+        list, "more of the env's splits, each evaluated whole before training, after the cold start and at the "
+              "last step (metrics eval/<split>/...); the periodic evals use data.eval_split")
+
+    @pydantic.field_validator("splits")
+    @classmethod
+    def _distinct_splits(cls, splits: list[str]) -> list[str]:
+        repeated = sorted({s for s in splits if splits.count(s) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} named twice")
+        bad = [s for s in splits if not s or not all(ch.isalnum() or ch in "_-." for ch in s)]
+        if bad:
+            raise ValueError(f"split names are letters, digits, '_', '-' and '.': {bad!r}")
+        return splits
 
 
 class CheckpointSection(_Section):

@@ -38,9 +38,11 @@ def read_jsonl_samples(path: str | os.PathLike[str], id_prefix: str) -> list[dic
     return samples
 
 
-def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> list[dict[str, Any]]:
-    """Samples of ``split`` from the config's JSONL file, else the env's own ``dataset``."""
-    path = config.data.train_file if split == "train" else config.data.eval_file
+def load_samples(config: RunConfig, env: Any, split: str, size: int | None, *,
+                 files: bool = True) -> list[dict[str, Any]]:
+    """Samples of ``split`` from the config's JSONL file (unless ``files`` is false: an
+    ``eval.splits`` split is always the env's), else the env's own ``dataset``."""
+    path = (config.data.train_file if split == "train" else config.data.eval_file) if files else None
     if path:
         samples = read_jsonl_samples(path, split)
         return samples[:size] if size else samples
@@ -59,7 +61,8 @@ def load_samples(config: RunConfig, env: Any, split: str, size: int | None) -> l
     except RLFactoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - e.g. a split the env does not have (`rlf eval --split dev`)
-        raise ConfigError([f"data: the {config.env!r} env cannot give its {split!r} split ({one_line(exc)})"],
+        raise ConfigError([f"{'data' if files else 'eval.splits'}: the {config.env!r} env cannot give its {split!r} "
+                           f"split ({one_line(exc)})"],
                           hint="`rlf eval --split` takes the env's splits (train, test); or give JSONL files "
                                "(data.train_file, data.eval_file)") from exc
 

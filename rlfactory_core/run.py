@@ -76,6 +76,7 @@ class Prepared:
     tokenizer: Any
     processor: Any
     family: Any  # the model family chosen (rlfactory_core.families.FamilyChoice)
+    split_samples: dict[str, Sequence[Any]] = field(default_factory=dict)  # eval.splits, each whole
 
 
 @dataclass
@@ -102,6 +103,7 @@ class Run:
     status: StatusWriter | None = None
     trained_ahead: set[int] = field(default_factory=set)  # positions past ``position`` already trained
     family: Any = None  # the model family chosen (rlfactory_core.families.FamilyChoice)
+    split_samples: dict[str, Sequence[Any]] = field(default_factory=dict)  # eval.splits, each whole
 
     def mark_trained(self, positions: Sequence[int]) -> None:
         """The prompts at data ``positions`` are trained: ``position`` moves past every prompt
@@ -139,11 +141,22 @@ class Run:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def evaluate(self, at_step: int, samples_dir: str = "", kind: str = "eval") -> dict[str, float]:
-        """An eval on the held-out samples (droppable: a stop request cancels it)."""
+    async def evaluate(self, at_step: int, samples_dir: str = "", kind: str = "eval", *,
+                       whole_splits: bool = False) -> dict[str, float]:
+        """An eval on the held-out samples (droppable: a stop request cancels it); with
+        ``whole_splits``, each of ``eval.splits`` too, whole, its metrics under
+        ``eval/<split>/`` (its samples in ``samples/[samples_dir/]<split>``, its records of
+        kind ``<kind>-<split>``)."""
         directory = self.run_dir / "samples" / samples_dir if samples_dir else self.run_dir / "samples"
-        return await self.stop.droppable(run_eval(at_step, self.eval_samples, self.engine, self.config, directory,
-                                                  self.tokenizer, record_in=self.run_dir, record_kind=kind))
+        metrics = await self.stop.droppable(run_eval(at_step, self.eval_samples, self.engine, self.config, directory,
+                                                     self.tokenizer, record_in=self.run_dir, record_kind=kind))
+        for split, samples in self.split_samples.items() if whole_splits else ():
+            self.view.message(f"eval on the {split} split ({len(samples)} samples)")
+            evaluated = await self.stop.droppable(run_eval(at_step, samples, self.engine, self.config,
+                                                           directory / split, self.tokenizer, record_in=self.run_dir,
+                                                           record_kind=f"{kind}-{split}"))
+            metrics.update({f"eval/{split}/{key.removeprefix('eval/')}": value for key, value in evaluated.items()})
+        return metrics
 
     def finished(self, step: int, metrics: dict[str, Any]) -> None:
         """Step ``step`` is done: its metrics logged and shown, the status and the observers told."""
@@ -169,6 +182,7 @@ async def prepare(config: RunConfig, *, resume: Path | None) -> Prepared:
     try:
         train_samples = load_samples(config, task.env, "train", config.data.train_size)
         eval_samples = load_samples(config, task.env, config.data.eval_split, config.data.eval_size)
+        split_samples = {split: load_samples(config, task.env, split, None, files=False) for split in config.eval.splits}
         if not train_samples:
             raise ConfigError(["data: the training set is empty"])
         base_path = resolve_model(config.model.name)  # an embedded name is prepared (converted once) here
@@ -184,7 +198,7 @@ async def prepare(config: RunConfig, *, resume: Path | None) -> Prepared:
         await task.close()  # an MCP env's servers, a judge's client
         raise
     return Prepared(config, task, resume, checkpoint, train_samples, eval_samples, base_path, tokenizer, processor,
-                    family)
+                    family, split_samples)
 
 
 @contextlib.asynccontextmanager
@@ -257,7 +271,7 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
                   position=0 if resumed is None else resumed["position"], start_step=start_step,
                   finished_step=start_step, last_saved=start_step,
                   trained_ahead=set(() if resumed is None else resumed.get("trained_ahead", ())),
-                  family=prepared.family)
+                  family=prepared.family, split_samples=prepared.split_samples)
         with view:
             yield run
     except RunAborted as exc:  # the step was not trained: its model is that of the last finished step

@@ -70,7 +70,7 @@ async def before_training(run: Run) -> None:
     if run.start_step != 0:
         return
     run.view.phase("eval")
-    metrics = await run.evaluate(0)
+    metrics = await run.evaluate(0, whole_splits=True)
     run.logger.log(0, metrics)
     run.view.message(f"eval before training: {eval_summary(metrics)}, "
                      f"tool calls/trajectory {metrics['eval/tools/calls_per_trajectory']:.2f}")
@@ -80,7 +80,7 @@ async def before_training(run: Run) -> None:
     metrics = await _cold_start(run)
     if run.config.cold_start.eval and metrics["cold_start/examples"]:  # else: the model of step 0
         run.view.phase("eval")
-        evaluated = await run.evaluate(0, "cold_start", kind="cold_start_eval")
+        evaluated = await run.evaluate(0, "cold_start", kind="cold_start_eval", whole_splits=True)
         metrics.update({f"cold_start/{key}": value for key, value in evaluated.items()})
         run.view.message(f"eval after the cold start alone: {eval_summary(evaluated)}")
     run.logger.log(0, metrics)
@@ -200,7 +200,7 @@ async def end_step(run: Run, step: int, rollout: StepRollout, update: StepUpdate
         run.view.phase("eval")
         t = time.perf_counter()
         with contextlib.suppress(PhaseDropped):  # the step is finished without its eval
-            metrics.update(await run.evaluate(step))
+            metrics.update(await run.evaluate(step, whole_splits=step == config.train.steps))
             times["time/eval"] = time.perf_counter() - t
             run.view.message(f"eval at step {step}: {eval_summary(metrics)}")
     metrics["samples"] = [str(s.get("id", "")) if hasattr(s, "get") else "" for s in rollout.samples]

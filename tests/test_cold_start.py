@@ -40,6 +40,11 @@ class ArithmeticDemos(ArithmeticEnv):
 
     name = "arithmetic_demos"
 
+    def dataset(self, size=256, split="train"):
+        if split == "far":  # a second held-out split, for eval.splits: three questions
+            return [{**sample, "id": f"far-{i}"} for i, sample in enumerate(super().dataset(3, "test"))]
+        return super().dataset(size, split)
+
     async def demonstration(self, sample, parser):
         answer = "-1" if sample["id"].endswith("-3") else sample["answer"]
         call = parser.format_tool_call(ToolCall(name="calculator", arguments={"expression": question_of(sample)}))
@@ -310,10 +315,16 @@ def test_a_run_warms_up_on_demonstrations_evaluates_the_warm_up_alone_then_train
                        "grpo.prompts_per_step=2", "grpo.group_size=2", "data.eval_size=2", "eval.every=0",
                        "eval.save_samples=1", "rollout.max_tokens_per_turn=12", "logging.live=off",
                        "logging.tensorboard=false", "cold_start.source=demonstrations", "cold_start.examples=3",
-                       "cold_start.epochs=1", "data.train_size=6")
+                       "cold_start.epochs=1", "data.train_size=6", "eval.splits=[far]")
     train(config)
     records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [0, 0, 1]
+    # eval.splits: the whole split before training, after the warm-up and at the last step
+    for record, prefix in zip(records, ("eval/far/", "cold_start/eval/far/", "eval/far/")):
+        assert record[f"{prefix}rollout/trajectories"] == 3 and f"{prefix}reward/accuracy" in record
+    assert (run_dir / "samples" / "cold_start" / "far" / "step-000000.jsonl").exists()
+    assert {"eval-far", "cold_start_eval-far"} <= set(RunRecords(run_dir).kinds())
+    assert len(RunRecords(run_dir).list("eval-far", 1)) == 3
     cold = records[1]
     assert cold["cold_start/examples"] == 3 and cold["cold_start/examples/demonstrations"] == 3
     assert cold["cold_start/optimizer_steps"] == 1 and cold["cold_start/loss_start"] > 0

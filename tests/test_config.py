@@ -122,3 +122,18 @@ def test_weights_trained_in_full_must_be_float32():
     # a bf16 base under LoRA adapters is fine (peft keeps the adapters in float32)
     assert load_config([], ["model.dtype=bfloat16", "model.lora.enabled=true"]).model.dtype == "bfloat16"
     assert load_config(preset="gpu").model.dtype == "float32"
+
+
+def test_eval_splits_are_checked_up_front(tmp_path, tiny_model_dir):
+    with pytest.raises(ConfigError) as raised:
+        load_config([], ["eval.splits=[test, test, 'a b']"])
+    assert any("eval.splits" in e and "test named twice" in e for e in raised.value.errors)
+    assert load_config([], ["eval.splits=[test]"]).eval.splits == ["test"]
+    # a split the env does not have: one line naming it, before anything runs
+    from rlfactory_core.testing import train
+
+    config = load_config([], [f"model.name={tiny_model_dir}", "backend=hf", f"run_dir={tmp_path / 'run'}",
+                              "eval.splits=[nope]", "logging.live=off"])
+    with pytest.raises(ConfigError, match=r"eval.splits: the 'arithmetic' env cannot give its 'nope' split"):
+        train(config)
+    assert not (tmp_path / "run").exists()

@@ -21,7 +21,8 @@ from ..rollout.priority import OldestFirstGate, gated
 from ..task import Task
 from ..threads import DaemonThreadPool
 from ..training.policy import (attn_implementation, build_optimizer, load_policy, load_reference,
-                               return_freed_memory, training_device, use_packing, weights_for_backend)
+                               return_freed_memory, step_scheduler, training_device, use_packing,
+                               weights_for_backend)
 from ..training.update import update_policy
 from ..training.weight_push import ChangedWeights, pushes_changed_only
 from .base import RolloutGroup, RolloutResult, resumed_version
@@ -237,7 +238,7 @@ class LocalEngine:
         if pausing_s is not None:  # what taking turns cost the update: waiting for generation to pause
             stats["time/pause_generation"] = pausing_s
         return_freed_memory()
-        self.scheduler.step()
+        step_scheduler(self.scheduler)
         self.policy_version += 1
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats

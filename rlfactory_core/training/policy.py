@@ -17,7 +17,7 @@ from ..errors import ConfigError
 
 __all__ = ["training_device", "attn_implementation", "use_packing", "load_policy", "load_reference",
            "FrozenReference", "AdaptersOff",
-           "build_optimizer", "lr_scheduler", "weights_for_backend", "return_freed_memory"]
+           "build_optimizer", "lr_scheduler", "step_scheduler", "weights_for_backend", "return_freed_memory"]
 
 
 def training_device(config: RunConfig) -> Any:
@@ -149,6 +149,18 @@ def lr_scheduler(optimizer: Any, config: RunConfig) -> Any:
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def step_scheduler(scheduler: Any) -> None:
+    """Advance the LR schedule one training step. A step whose gradient was zero took no
+    optimizer step (:func:`rlfactory_core.training.update.update_policy`); torch's warning
+    that the schedule then "skips its first value" does not apply to a schedule stepped per
+    training step, so it is silenced here."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+        scheduler.step()
 
 
 def weights_for_backend(policy: Any) -> list[tuple[str, Any]]:

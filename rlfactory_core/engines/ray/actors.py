@@ -99,13 +99,13 @@ class TrainerWorker:
         """One update of the group (a Ray actor runs its calls on one thread: the update
         stays on it, as the engine protocol asks); its statistics and the recorded rows'
         logprobs before it (``trainer_logprobs``, None when no row is recorded)."""
-        from ...training.policy import return_freed_memory
+        from ...training.policy import return_freed_memory, step_scheduler
         from ...training.update import update_policy
 
         stats = update_policy(self.policy, self.reference, self.optimizer, batch, self.config, step=step,
                               packed=self.packed, dp=self.dp)
         return_freed_memory()
-        self.scheduler.step()
+        step_scheduler(self.scheduler)
         stats["train/lr"] = self.scheduler.get_last_lr()[0]
         return stats, batch.get("trainer_logprobs", None)
 
