@@ -18,9 +18,10 @@ run interleaved, seed 0 of every arm first, so a slower stretch of the machine f
 arm alike.
 
 Reported per arm (mean and range over seeds): held-out exact match and searches per held-out
-question at each checkpoint; in training, searches per trajectory, the share of searches that
-failed (``tools/error_rate``: ``RATE`` when failures stay independent; more when one failure
-holds up other searches, as a hung request once did), the share of trajectories
+question at each checkpoint; in training, searches per trajectory, the share of the trained
+batch's searches that failed (``tools/error_rate``; for ``penalize`` about ``RATE`` while
+failures stay independent, more when one failure holds up other searches, as a hung request
+once did; for ``default`` lower, the failed members being replaced), the share of trajectories
 the service failed (``outcome/infrastructure``, counted before the handling for resampled
 members via ``outcome/resampled/*``), and ``advantage/on_infrastructure`` (the advantage the
 steps gave trajectories the service failed: negative when they are trained on as wrong
