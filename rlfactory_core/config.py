@@ -232,9 +232,14 @@ class EvalSection(_Section):
         repeated = sorted({s for s in splits if splits.count(s) > 1})
         if repeated:
             raise ValueError(f"{', '.join(repeated)} named twice")
-        bad = [s for s in splits if not s or not all(ch.isalnum() or ch in "_-." for ch in s)]
+        bad = [s for s in splits if not s.strip(".") or not all(ch.isalnum() or ch in "_-." for ch in s)]
         if bad:
             raise ValueError(f"split names are letters, digits, '_', '-' and '.': {bad!r}")
+        # their metrics are eval/<split>/..., beside eval/reward/... and the cold start's samples
+        reserved = sorted(set(splits) & {"reward", "tools", "outcome", "rollout", "cold_start"})
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)} would mix with the eval's own metrics or files; "
+                             "these names cannot be eval splits")
         return splits
 
 

@@ -128,6 +128,9 @@ def test_eval_splits_are_checked_up_front(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError) as raised:
         load_config([], ["eval.splits=[test, test, 'a b']"])
     assert any("eval.splits" in e and "test named twice" in e for e in raised.value.errors)
+    for bad in ("[..]", "['a/b']", "[reward]", "[cold_start]"):
+        with pytest.raises(ConfigError, match="eval.splits"):
+            load_config([], [f"eval.splits={bad}"])
     assert load_config([], ["eval.splits=[test]"]).eval.splits == ["test"]
     # a split the env does not have: one line naming it, before anything runs
     from rlfactory_core.testing import train

@@ -78,6 +78,19 @@ def test_trajectories_list_filter_and_open_token_by_token(client, runs_dir):
     assert [t["step"] for t in same["trajectories"]] == [0, 1, 2]
 
 
+def test_the_records_of_an_eval_split_list_and_open(client, runs_dir):
+    """eval.splits records each split as kind eval-<split> (and cold_start_eval-<split>)."""
+    run = runs_dir / "splits"
+    shutil.copytree(runs_dir / "tiny", run, symlinks=True)
+    shutil.copytree(run / "trajectories" / "eval", run / "trajectories" / "eval-test_wordings")
+    listed = client.get("/api/runs/splits/trajectories", params={"kind": "eval-test_wordings"}).json()
+    assert listed["total"] == 12
+    opened = client.get("/api/runs/splits/trajectories/eval-test_wordings/1/0").json()
+    assert opened["sequences"][0]["token_ids"] == RunRecords(run).trajectory("eval", 1, 0)["sequences"][0]["token_ids"]
+    for kind in ("eval-", "eval-../x", "training-x", "eval-a b"):
+        assert client.get("/api/runs/splits/trajectories", params={"kind": kind}).status_code in (400, 404, 422)
+
+
 def test_a_run_made_before_records_opens_as_text(client):
     assert client.get("/api/runs/old").json()["recorded"] == {"eval": [0, 1]}
     record = client.get("/api/runs/old/trajectories/eval/1/0").json()

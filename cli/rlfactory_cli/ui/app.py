@@ -163,8 +163,13 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
 
 
 def _kind(kind: str) -> str:
-    if kind not in ("train", "eval", "cold_start_eval"):
-        raise PathRefused(f"unknown kind {kind!r} (train, eval or cold_start_eval)")
+    """A kind of record: ``train``, ``eval``, ``cold_start_eval``, or one of those evals on an
+    ``eval.splits`` split (``eval-<split>``; split names are letters, digits, ``_-.``)."""
+    base, _, split = kind.partition("-")
+    if base not in ("train", "eval", "cold_start_eval") or (kind != base and (
+            base == "train" or not split or split.strip(".") == "" or
+            not all(ch.isalnum() or ch in "_-." for ch in split))):
+        raise PathRefused(f"unknown kind {kind!r} (train, eval, cold_start_eval, or eval-<split>)")
     return kind
 
 

@@ -77,7 +77,7 @@ ALL_SPLITS = SPLITS + GENERALISATION_SPLITS
 #: Longest passage, in words: the policy model has a small context.
 MAX_PASSAGE_WORDS = 60
 #: Bumped whenever the output changes for the same sources, so old builds are rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 
 CORPUS_FILE = "corpus.jsonl"
 COUNTERFACTUAL_CORPUS_FILE = "corpus_counterfactual.jsonl"

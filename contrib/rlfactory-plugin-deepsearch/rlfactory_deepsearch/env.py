@@ -128,7 +128,9 @@ class SearchTool:
         # A sample of test_counterfactual is answered from its own corpus (the changed world).
         sample = (ctx or {}).get("sample")
         corpus = sample.get("corpus") if hasattr(sample, "get") else None
-        hits = await self._batcher.search(query, int(arguments.get("topk") or self.topk), corpus)
+        topk = int(arguments.get("topk") or self.topk)
+        # (only then: a plain QueryBatcher searches one corpus)
+        hits = await (self._batcher.search(query, topk, corpus) if corpus else self._batcher.search(query, topk))
         return format_passages([hit.document.contents for hit in hits]) if hits else "No passages found."
 
     async def close(self) -> None:

@@ -138,8 +138,9 @@ def _composition(countries: list[Country], where: dict[str, Any]) -> list[dict[s
 
 
 def _real_answers(sample: dict[str, Any], real: World) -> set[str]:
-    """Every answer the real world gives to ``sample``'s question (normalised): what a model
-    that memorised the real facts would say."""
+    """Every answer (normalised) a model that memorised the real facts could give to
+    ``sample``'s question: the real world's answer, and the real fact of the country the
+    changed world's first hop leads to."""
     slots, subject = sample["slots"], real.by_code[sample["id"].rsplit("-", 1)[1]]
     kind = sample["kind"]
     if "capital" in slots:  # the country that really has that capital
@@ -149,7 +150,11 @@ def _real_answers(sample: dict[str, Any], real: World) -> set[str]:
         owners = [real.by_code[code] for code in real.neighbours[neighbour]
                   if slots["currency"] in real.by_code[code].currencies]
     else:
-        owners = [subject]
+        owners = []
+    if kind != "country_of_capital":  # (whose answer is the subject the changed hop finds)
+        # and the subject's own real fact: a model that follows the changed first hop to the
+        # subject ("Ottawa is the capital city of Algeria") but answers the second from memory
+        owners.append(subject)
     answers: list[str] = []
     for owner in owners:
         answers += {"capital": [owner.capital or ""], "country_of_capital": [owner.name, *owner.aliases],

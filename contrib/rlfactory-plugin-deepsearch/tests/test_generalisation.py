@@ -106,6 +106,16 @@ def test_a_memorised_answer_scores_nothing_on_the_counterfactual_split(built, sp
             assert not ({normalize_answer(a) for a in twin["golden_answers"]}
                         & {normalize_answer(a) for a in sample["golden_answers"]}), sample["question"]
     assert same_question >= len(splits["test_counterfactual"]) // 2
+    # nor the real fact of the country the question is about (the changed first hop found, the
+    # second answered from memory)
+    facts = {}
+    for sample in splits["test"] + splits["validation"] + splits["train"]:
+        if sample["kind"] in ("capital", "currency", "language", "region"):
+            facts[(sample["entity"], sample["kind"])] = {normalize_answer(a) for a in sample["golden_answers"]}
+    for sample in splits["test_counterfactual"]:
+        fact = sample["kind"].split("_via_")[0]
+        answers = {normalize_answer(a) for a in sample["golden_answers"]}
+        assert not facts.get((sample["entity"], fact), set()) & answers, sample
     # the changed world states other facts for every country: no capital passage is the real one
     passages = {row["contents"] for row in iter_wiki_corpus(built / "corpus.jsonl")}
     changed = [row["contents"] for row in iter_wiki_corpus(built / "corpus_counterfactual.jsonl")]
