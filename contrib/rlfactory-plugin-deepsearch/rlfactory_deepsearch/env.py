@@ -32,9 +32,9 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, RLFactoryError, Sample,
-                            ToolArgumentsError, ToolCall, ToolResult, get_component, last_tag_content,
-                            normalize_answer)
+from rlfactory_core import (ConfigError, EnvReset, EnvStep, InfrastructureError, Message, ParsedTurn,
+                            RLFactoryError, Sample, ToolArgumentsError, ToolCall, ToolResult, get_component,
+                            last_tag_content, normalize_answer)
 
 __all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages", "search_plan"]
 
@@ -100,6 +100,10 @@ def extract_answer(text: str) -> str:
     """The content of the last ``<answer>`` pair outside ``<think>``; "" when there is none
     (in linear time, whatever the model wrote: see ``rlfactory_core.text``)."""
     return last_tag_content(text, "answer")
+
+
+class CorpusUnavailable(RLFactoryError, InfrastructureError):
+    """A sample names a corpus this env cannot search (the run's setup, not the model's call)."""
 
 
 class SearchTool:
@@ -293,7 +297,9 @@ class DeepSearchEnv:
         if corpus_name is not None:
             problem = self._corpus_problem(corpus_name)
             if problem:
-                raise RLFactoryError(problem, hint="evaluate it with the built-in retrievers (bm25 or dense)")
+                # (samples from a JSONL file reach this at their first search: the env's setup
+                # failed, not the model's query)
+                raise CorpusUnavailable(problem, hint="evaluate it with the built-in retrievers (bm25 or dense)")
             from .data import counterfactual_corpus_path
 
             corpus: Path | None = counterfactual_corpus_path(self.data_dir)

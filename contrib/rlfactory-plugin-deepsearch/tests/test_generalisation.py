@@ -149,6 +149,25 @@ def test_the_counterfactual_split_needs_the_built_corpus(built, tmp_path):
         assert len(env.dataset(4, split="test_wordings")) == 4  # the others need no other corpus
 
 
+async def test_a_sample_from_a_file_naming_a_corpus_the_env_cannot_search_fails_on_the_infrastructures_side(
+        built, splits):
+    """Samples read from a JSONL file skip dataset()'s check: their first search fails, and the
+    failure is the run's setup's (masked, counted), not a wrong query of the model's."""
+    from rlfactory_core import outcome_of
+    from rlfactory_core.types import Trajectory
+
+    env = DeepSearchEnv(retriever="http", url="http://127.0.0.1:9", data_dir=str(built))
+    manager = ConcurrentToolManager(env.tools, timeout_s=30, max_retries=0)
+    call = ToolCall(name="search", arguments={"query": "Peru capital"})
+    try:
+        [result] = await manager.call([call], {"sample": splits["test_counterfactual"][0]})
+    finally:
+        await manager.close()
+    assert not result.ok and "test_counterfactual" in result.content
+    ended = Trajectory(sample_id="s", prompt_ids=[1], tool_results=[result], stop_reason="env_done", final_answer="x")
+    assert outcome_of(ended) == "tool_infra_error"
+
+
 async def test_the_scripted_procedure_solves_most_of_every_split(built):
     """The ceiling of the scripted solver (the demonstrations' procedure): its searches find
     what each step needs for at least 85% of every split (bench/README.md has the figures)."""
