@@ -6,6 +6,8 @@ so these hashes were recorded in bench/README.md before any of its levers change
 re-running this script shows them unchanged:
 
     .venv/bin/python bench/eval_fingerprint.py
+    .venv/bin/python bench/eval_fingerprint.py --all   # also the training and generalisation splits,
+                                                       # the corpora and the task code (issue 40)
 
 For each env it builds the data if needed (as ``rlf data build`` does), loads the test split
 exactly as evaluation does (``env.dataset(split="test")``) and hashes the samples in
@@ -24,6 +26,19 @@ from pathlib import Path
 from rlfactory_core import get_component
 
 ENVS = ("deepsearch", "nl2sql", "android")
+#: More splits per env, fingerprinted like the test split: the training split (what a test item
+#: must not equal) and the splits that test beyond the training templates (issue 40).
+MORE_SPLITS = {"deepsearch": ("train", "test_wordings", "test_composition", "test_counterfactual"),
+               "nl2sql": ("train",), "android": ("train",)}
+#: Data files a score depends on beside the samples (hashed byte for byte), by env.
+DATA_FILES = {"deepsearch": ("corpus.jsonl", "corpus_counterfactual.jsonl")}
+#: Code that decides what a model is shown or credited beyond the metrics: answer extraction,
+#: the demonstrations the warm-up replays, the builders of the splits.
+TASK_MODULES = (
+    "rlfactory_deepsearch.env",  # extract_answer, search_plan (the demonstrations), the search tool
+    "rlfactory_deepsearch.facts",  # the questions and passages
+    "rlfactory_deepsearch.generalisation",  # the splits beyond the templates
+)
 #: The modules whose code decides whether an answer counts (normalisation and metrics).
 METRIC_MODULES = (
     "rlfactory_core.default_plugins.rewards",  # normalize_answer, same_answer, exact_match
@@ -37,26 +52,43 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
-def test_split_fingerprint(env_name: str) -> tuple[int, str]:
+def split_fingerprint(env_name: str, split: str = "test") -> tuple[int, str]:
     env = get_component("env", env_name)()  # the env's default options, as `rlf train --env` uses
     build = getattr(env, "build_data", None)
     if build is not None:
         build()
-    samples = env.dataset(None, split="test")
+    samples = env.dataset(None, split=split)
     canonical = "\n".join(json.dumps(dict(sample), sort_keys=True, default=str) for sample in samples)
     return len(samples), _sha(canonical.encode())
 
 
-def main() -> None:
+def _module_row(module_name: str) -> str:
+    path = Path(importlib.import_module(module_name).__file__)
+    return f"| `{module_name}` ({path.name}) | | `{_sha(path.read_bytes())}` |"
+
+
+def main(argv: list[str]) -> None:
     print("| what | samples | sha256 (first 16) |\n|---|---|---|")
     for env_name in ENVS:
-        count, digest = test_split_fingerprint(env_name)
+        count, digest = split_fingerprint(env_name)
         print(f"| `{env_name}` test split | {count} | `{digest}` |")
     for module_name in METRIC_MODULES:
-        path = Path(importlib.import_module(module_name).__file__)
-        print(f"| `{module_name}` ({path.name}) | | `{_sha(path.read_bytes())}` |")
+        print(_module_row(module_name))
+    if "--all" not in argv:
+        sys.stdout.flush()
+        return
+    for env_name in ENVS:
+        for split in MORE_SPLITS.get(env_name, ()):
+            count, digest = split_fingerprint(env_name, split)
+            print(f"| `{env_name}` {split} split | {count} | `{digest}` |")
+        if env_name in DATA_FILES:
+            data_dir = get_component("env", env_name)().build_data()
+            for name in DATA_FILES[env_name]:
+                print(f"| `{env_name}` {name} | | `{_sha((Path(data_dir) / name).read_bytes())}` |")
+    for module_name in TASK_MODULES:
+        print(_module_row(module_name))
     sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
