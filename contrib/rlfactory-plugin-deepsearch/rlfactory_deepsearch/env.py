@@ -54,6 +54,8 @@ SHORT_INSTRUCTION = (
 )
 
 _INSTRUCTIONS = {"short": SHORT_INSTRUCTION, "search-r1": INSTRUCTION}
+#: The instruction with the search tool off (``use_tools: false``): the tools-off baseline.
+NO_TOOLS_INSTRUCTION = "Answer the question. Give only the answer inside <answer> and </answer>."
 #: What ``require_search`` says to an answer given before any search.
 SEARCH_FIRST = "Search first: call the search tool to find the answer, then answer inside <answer> and </answer>."
 
@@ -173,6 +175,9 @@ class DeepSearchEnv:
     :param require_search: an answer given before any search is sent back with "search
         first" (once per episode) instead of ending the episode. Off by default, as in
         Search-R1; for small models that otherwise learn to answer from memory.
+    :param use_tools: offer the search tool (default). False is the tools-off baseline: the
+        question answered from what the model knows, the worked examples answered without
+        searching, no demonstrations.
     """
 
     name = "deepsearch"
@@ -204,7 +209,7 @@ class DeepSearchEnv:
                  topk: int = 2, retriever_options: dict[str, Any] | None = None, few_shot: bool | int = True,
                  instruction: str = "short",
                  parser: str = "search_r1", max_batch: int = 64, cache_dir: str | None = None,
-                 require_search: bool = False):
+                 require_search: bool = False, use_tools: bool = True):
         from .retrieval import retriever_option_problems
 
         defaults = {"k1": 0.5} if retriever == "bm25" else {}
@@ -228,18 +233,23 @@ class DeepSearchEnv:
         if not isinstance(few_shot, int) or not 0 <= few_shot <= len(EXAMPLES):
             problems.append(f"env_options.few_shot: true, false or a number of worked examples from 0 to "
                             f"{len(EXAMPLES)}, got {few_shot!r}")
+        if not isinstance(use_tools, bool):
+            problems.append(f"env_options.use_tools: true or false, got {use_tools!r}")
+        elif not use_tools and require_search:
+            problems.append("env_options.require_search: needs the search tool; drop it or use_tools: false")
         if problems:
             raise ConfigError(problems)
         self.retriever_kind, self.url, self.topk = retriever, url, topk
+        self.use_tools = use_tools
         self.corpus = Path(corpus).expanduser() if corpus else None
         self.files = {"train": train_file, "test": test_file}
         self.data_dir = Path(data_dir).expanduser() if data_dir else None
         self.cache_dir, self.max_batch = cache_dir, max_batch
         self.few_shot = few_shot
         self.require_search = require_search
-        self.instruction = _INSTRUCTIONS.get(instruction, instruction)
+        self.instruction = _INSTRUCTIONS.get(instruction, instruction) if use_tools else NO_TOOLS_INSTRUCTION
         self.parser = get_component("parser", parser)
-        self.tools = [SearchTool(_LazyBatcher(self), topk)]
+        self.tools = [SearchTool(_LazyBatcher(self), topk)] if use_tools else []
 
     # ------------------------------------------------------------------ data
 
@@ -324,7 +334,7 @@ class DeepSearchEnv:
         messages: list[Message] = []
         for question, searches, answer in EXAMPLES[:self.few_shot]:
             messages.append(Message(role="user", content=question))
-            for query, passage in searches:
+            for query, passage in searches if self.use_tools else ():
                 call = ToolCall(name="search", arguments={"query": query}, id=f"example-{len(messages)}")
                 messages.append(Message(role="assistant", content=self.parser.format_tool_call(call)))
                 messages += self.parser.render_tool_results(
@@ -361,7 +371,7 @@ class DeepSearchEnv:
         replays the turns through the agent loop (the searches really run) and keeps those the
         rewards call correct. None for other samples (Search-R1's files have no ``kind``), when
         a search misses, or for a parser without ``format_tool_call``."""
-        plan = search_plan(sample) if hasattr(sample, "get") else None
+        plan = search_plan(sample) if hasattr(sample, "get") and self.use_tools else None
         if plan is None or not callable(getattr(parser, "format_tool_call", None)):
             return None
         turns = []

@@ -188,3 +188,17 @@ async def test_the_scripted_procedure_solves_most_of_every_split(built):
             assert share >= 0.85, (split, share)
     finally:
         await env.tools[0].close()
+
+
+async def test_the_tools_off_baseline_offers_no_search_and_shows_no_searching(built):
+    from rlfactory_core import ConfigError as Refused
+
+    env = DeepSearchEnv(use_tools=False, data_dir=str(built))
+    sample = env.dataset(1, split="test_wordings")[0]
+    reset = await env.reset(sample)
+    assert reset.tools == [] and env.tools == []
+    shown = " ".join(str(m.content) for m in reset.messages)
+    assert "search" not in shown.lower() and "<answer>Norwegian Krone</answer>" in shown
+    assert await env.demonstration(sample, env.parser) is None
+    with pytest.raises(Refused, match="require_search"):
+        DeepSearchEnv(use_tools=False, require_search=True)
