@@ -6,8 +6,9 @@ Each seed is one real ``rlf train --env ENV`` (the env's defaults, ``train.seed`
 before training (the base model), after the warm-up (the warm-up alone) and at the last step
 (after RL), in the run itself. Finished runs in ``--work-dir`` are reused. Prints one table:
 per split, the three scores as the mean and range over seeds, the RL phase's gain over the
-warm-up alone, beside the split's best degenerate baseline and the scripted solver's ceiling
-(``bench/generalisation_baselines.py``); then each seed's minutes.
+warm-up alone, and the base model with its tools off (``rlf eval``, ``use_tools: false``)
+beside them; the split's other degenerate baselines and the scripted solver's ceiling are
+``bench/generalisation_baselines.py``'s. Then each seed's minutes.
 
     .venv/bin/python bench/generalisation.py --work-dir DIR --seeds 0 1 2
     .venv/bin/python bench/generalisation.py --work-dir DIR --seeds 0 -- train.steps=4   # more overrides
@@ -57,6 +58,19 @@ def run_seed(env: str, seed: int, work: Path, overrides: list[str]) -> dict[str,
             "steps": last["step"]}
 
 
+def tools_off(env: str, split: str, work: Path) -> float:
+    """The base model with its tools off on the whole split (``rlf eval``, cached in ``work``)."""
+    report = work / f"tools-off-{split}"
+    if not (report / "report.json").is_file():
+        print(f"{env} {split}, tools off ...", flush=True)
+        argv = [sys.executable, "-m", "rlfactory_cli", "eval", "--env", env, "--model", "smollm2-135m-instruct",
+                "--split", split, "--report", str(report), "env_options={use_tools: false}"]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"tools-off eval of {split} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return json.loads((report / "report.json").read_text())["metrics"][f"eval/{ACCURACY}"]
+
+
 def spread(values: list[float | None]) -> str:
     present = [v for v in values if v is not None]
     if not present:
@@ -73,15 +87,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("overrides", nargs="*", help="more rlf train overrides, for every seed")
     args = parser.parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    off = {split: tools_off(args.env, split, args.work_dir) for split in SPLITS[args.env]}
     runs = [run_seed(args.env, seed, args.work_dir, args.overrides) for seed in args.seeds]
     print(f"\n`rlf train --env {args.env}` (its defaults{', ' + ' '.join(args.overrides) if args.overrides else ''}), "
           f"seeds {args.seeds}; each split whole; mean (range) over seeds\n")
-    print("| split | base | warm-up alone | after RL | RL's gain over the warm-up |")
-    print("|---|---|---|---|---|")
+    print("| split | base, tools off | base | warm-up alone | after RL | RL's gain over the warm-up |")
+    print("|---|---|---|---|---|---|")
     for split in SPLITS[args.env]:
         base, warm, final = ([run["scores"][split][i] for run in runs] for i in range(3))
         gains = [f - w for f, w in zip(final, warm) if f is not None and w is not None]
-        print(f"| `{split}` | {spread(base)} | {spread(warm)} | {spread(final)} | {spread(gains)} |")
+        print(f"| `{split}` | {off[split]:.3f} | {spread(base)} | {spread(warm)} | {spread(final)} | {spread(gains)} |")
     for run in runs:
         print(f"  seed {run['seed']}: {run['steps']} steps, {run['minutes']:.1f} min")
 
