@@ -198,6 +198,7 @@ def draw(runs: dict[str, list[dict[str, Any]]], base: dict[str, float], png: Pat
                             alpha=0.15)
     for ax, title in zip(axes, ("held-out exact match", "searches / trajectory (training)",
                                 "searches / question (held out)")):
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # a flat line must look flat
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
