@@ -9,7 +9,7 @@ each as a 503 answer, a hang past the tool manager's ``timeout_s`` (a timeout) a
 dropped without an answer (a crash). The tool manager does not retry (``max_retries: 0``) and
 the env sends every search alone (``max_batch: 1``), so ``RATE`` is the share of searches that
 fail. Faults hit training only: the held-out evaluation runs afterwards, with ``rlf eval`` on
-each checkpoint, against the healthy server.
+each checkpoint, against the healthy server (then the checkpoint is deleted; its report stays).
 
 Arms (``--arms``): ``none`` (no faults), ``default:RATE`` (faults, the default handling: the
 failed members run again, then masked), ``penalize:RATE`` (faults, every class trained as
@@ -43,6 +43,7 @@ import contextlib
 import http.server
 import json
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -155,6 +156,11 @@ def run_arm(arm: str, handling: str, rate: float, seed: int, url: str, args: arg
     for checkpoint in sorted((run_dir / "checkpoints").glob("step-*")):
         step = int(checkpoint.name.split("-")[1])
         evals[step] = evaluate(str(checkpoint), run_dir / f"eval-step-{step}", url, args)
+        # ~0.9 GB each (weights and optimizer state): 2 per run, 27 runs filled this machine's disk
+        shutil.rmtree(checkpoint)
+    for report in sorted(run_dir.glob("eval-step-*/report.json")):  # evaluated before, checkpoint gone
+        evals.setdefault(int(report.parent.name.rsplit("-", 1)[1]), json.loads(report.read_text())["metrics"])
+    evals = dict(sorted(evals.items()))
     return {"arm": arm, "seed": seed, "steps": steps, "evals": evals,
             "faults": json.loads((run_dir / "faults.json").read_text())}
 
