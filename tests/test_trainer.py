@@ -289,6 +289,33 @@ def test_multi_epoch_updates_use_recomputed_old_logprobs_and_kl():
     assert "train/tis_weight_mean" in stats and stats["train/sampler_logprob_diff"] > 0
 
 
+def test_a_checkpoint_the_disk_has_no_room_for_says_so_and_leaves_nothing_half_written(
+        tmp_path, default_model_dir, monkeypatch):
+    """Disk full (faked at torch.save: we cannot fill this machine's disk in a test): one line
+    naming the cause and what to do, not "a bug in rlfactory"; no half checkpoint left; the
+    previous checkpoint still the latest."""
+    import errno
+
+    from rlfactory_core.errors import RLFactoryError
+
+    tokenizer = load_tokenizer(default_model_dir)
+    model = tiny_model(vocab_size=len(tokenizer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    save = dict(model=model, tokenizer=tokenizer, optimizer=optimizer, scheduler=scheduler, state={"position": 0},
+                config={"env": "arithmetic"})
+    save_checkpoint(tmp_path, 1, **save)
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_room)
+    with pytest.raises(RLFactoryError, match=r"checkpoint step-000002 could not be written: the disk .* is full"):
+        save_checkpoint(tmp_path, 2, **save)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-000001"]
+    assert latest_checkpoint(tmp_path).name == "step-000001"
+
+
 def test_checkpoints_are_atomic_pruned_and_restore_state(tmp_path, default_model_dir):
     tokenizer = load_tokenizer(default_model_dir)
     model = tiny_model(vocab_size=len(tokenizer))

@@ -113,23 +113,32 @@ def save_checkpoint(
     name = f"step-{step:06d}"
     tmp = root / f".tmp-{name}"
     tmp.mkdir()
-    if hasattr(model, "peft_config"):
-        model.save_pretrained(tmp / "adapter")
-        merged = _merged_copy(model)
-        merged.save_pretrained(tmp / "model", safe_serialization=True)
-        del merged
-    elif model_state is not None:
-        model.save_pretrained(tmp / "model", state_dict=dict(model_state), safe_serialization=True)
-    else:
-        model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
-    torch.save(dict(optimizer_state) if optimizer_state is not None else optimizer.state_dict(),
-               tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")
-    (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
-    fsync_tree(tmp)
+    try:
+        if hasattr(model, "peft_config"):
+            model.save_pretrained(tmp / "adapter")
+            merged = _merged_copy(model)
+            merged.save_pretrained(tmp / "model", safe_serialization=True)
+            del merged
+        elif model_state is not None:
+            model.save_pretrained(tmp / "model", state_dict=dict(model_state), safe_serialization=True)
+        else:
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+        tokenizer.save_pretrained(tmp / "model")
+        torch.save(dict(optimizer_state) if optimizer_state is not None else optimizer.state_dict(),
+                   tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2), encoding="utf-8")
+        (tmp / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False), encoding="utf-8")
+        fsync_tree(tmp)
+    except Exception as exc:  # (an interrupt leaves the .tmp- directory to the next save's recovery)
+        shutil.rmtree(tmp, ignore_errors=True)  # half a checkpoint is only wasted space
+        if _disk_full(exc, root):
+            raise RLFactoryError(f"checkpoint {name} could not be written: the disk of {root} is full "
+                                 f"({shutil.disk_usage(root).free / 2**20:.0f} MiB free)",
+                                 hint="free space there, or keep fewer checkpoints (checkpoint.keep); the run "
+                                      "continues from its last checkpoint with rlf train --resume") from exc
+        raise
     final = root / name
     # The same step saved again (e.g. after an interrupt) replaces the old copy, which is
     # moved aside under the name _recover_interrupted_saves and latest_checkpoint know.
@@ -139,6 +148,22 @@ def save_checkpoint(
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _disk_full(exc: BaseException, root: Path) -> bool:
+    """Whether writing under ``root`` failed for want of space: ENOSPC anywhere in the chain,
+    or (torch's writer reports it as "unexpected pos" without an errno) under 256 MiB free."""
+    import errno
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return shutil.disk_usage(root).free < 256 * 2**20
+    except OSError:
+        return False
 
 
 def _merged_copy(peft_model: Any) -> Any:
