@@ -305,7 +305,7 @@ LAYERS = [
     ("plugins", {"plugins", "default_plugins", "tool_resolution", "rewards", "parser_conformance"}),
     ("models", {"models"}),
     ("rollout", {"rollout"}),
-    ("config", {"config"}),  # the run's config composes the sections the layers before it define
+    ("config", {"config_schema", "config"}),  # the run's config composes the sections the layers before it define
     ("task", {"task", "families", "data", "runs", "run_status", "metrics", "records"}),
     ("training", {"training"}),
     ("preflight", {"preflight", "stopping"}),

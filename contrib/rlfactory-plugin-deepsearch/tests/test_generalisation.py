@@ -153,8 +153,7 @@ async def test_a_sample_from_a_file_naming_a_corpus_the_env_cannot_search_fails_
         built, splits):
     """Samples read from a JSONL file skip dataset()'s check: their first search fails, and the
     failure is the run's setup's (masked, counted), not a wrong query of the model's."""
-    from rlfactory_core import outcome_of
-    from rlfactory_core.types import Trajectory
+    from rlfactory_core import Trajectory, outcome_of
 
     env = DeepSearchEnv(retriever="http", url="http://127.0.0.1:9", data_dir=str(built))
     manager = ConcurrentToolManager(env.tools, timeout_s=30, max_retries=0)
