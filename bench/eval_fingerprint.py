@@ -29,15 +29,20 @@ ENVS = ("deepsearch", "nl2sql", "android")
 #: More splits per env, fingerprinted like the test split: the training split (what a test item
 #: must not equal) and the splits that test beyond the training templates (issue 40).
 MORE_SPLITS = {"deepsearch": ("train", "test_wordings", "test_composition", "test_counterfactual"),
-               "nl2sql": ("train",), "android": ("train",)}
+               "nl2sql": ("train", "test_wordings", "test_skeletons"), "android": ("train",)}
 #: Data files a score depends on beside the samples (hashed byte for byte), by env.
-DATA_FILES = {"deepsearch": ("corpus.jsonl", "corpus_counterfactual.jsonl")}
+DATA_FILES = {"deepsearch": ("corpus.jsonl", "corpus_counterfactual.jsonl"),
+              "nl2sql": ("database/world/world.sqlite", "database/world_perturbed/world_perturbed.sqlite")}
 #: Code that decides what a model is shown or credited beyond the metrics: answer extraction,
 #: the demonstrations the warm-up replays, the builders of the splits.
 TASK_MODULES = (
     "rlfactory_deepsearch.env",  # extract_answer, search_plan (the demonstrations), the search tool
     "rlfactory_deepsearch.facts",  # the questions and passages
     "rlfactory_deepsearch.generalisation",  # the splits beyond the templates
+    "rlfactory_nl2sql.env",  # extract_sql, the prompt, the demonstrations, the tools
+    "rlfactory_nl2sql.facts",  # the facts and the check database's perturbation
+    "rlfactory_nl2sql.data",  # the templates and the questions
+    "rlfactory_nl2sql.generalisation",  # the splits beyond the templates
 )
 #: The modules whose code decides whether an answer counts (normalisation and metrics).
 METRIC_MODULES = (
@@ -58,7 +63,9 @@ def split_fingerprint(env_name: str, split: str = "test") -> tuple[int, str]:
     if build is not None:
         build()
     samples = env.dataset(None, split=split)
-    canonical = "\n".join(json.dumps(dict(sample), sort_keys=True, default=str) for sample in samples)
+    # where a database lies is not what a test is (its contents are: DATA_FILES)
+    canonical = "\n".join(json.dumps({k: v for k, v in dict(sample).items() if not k.endswith("_path")},
+                                      sort_keys=True, default=str) for sample in samples)
     return len(samples), _sha(canonical.encode())
 
 

@@ -5,9 +5,12 @@ first use) into ``$RLFACTORY_HOME/data/nl2sql``, in the **Spider format**, so th
 reads it and Spider's own files::
 
     tables.json                       Spider schema entry of the database
-    train.json, validation.json, test.json
-                                      JSON arrays of {"id", "db_id", "question", "query", "kind"}
+    train.json, validation.json, test.json, test_wordings.json, test_skeletons.json
+                                      JSON arrays of {"id", "db_id", "question", "query", "kind",
+                                      "check_db_id"}
     database/world/world.sqlite
+    database/world_perturbed/world_perturbed.sqlite
+                                      the check copy: same schema and names, other facts
     manifest.json                     source versions, counts, file hashes
 
 The database ``world`` (facts of the package ``countryinfo``; ``pycountry`` turns ISO codes
@@ -28,6 +31,18 @@ is normalised by sqlglot, run in the sandbox, and kept only when it returns a no
 result with no NULL in its first row; a top-k question is kept only when no tie decides its
 answer. Splits: a stable hash of the question's id puts it in train (70%), validation (10%)
 or test (20%); each split is shuffled by a hash, so its first N rows mix the kinds.
+``test_wordings`` and ``test_skeletons`` test beyond the templates (other wordings; SQL
+skeletons, join paths and aggregate patterns no training question has): see
+:mod:`rlfactory_nl2sql.generalisation`.
+
+**The check copy.** Every question names ``world_perturbed`` as its ``check_db_id``: the same
+countries, regions, currencies and languages by name, with other facts
+(:func:`rlfactory_nl2sql.facts.perturbed`). The ``sql_execution`` reward counts a query only
+when it returns the gold SQL's result on both databases, so a constant
+(``SELECT 'Andorra la Vella'``) or a result copied from a tool call scores like a wrong
+query. The manifest counts, per split, the questions whose answer differs between the two
+(the rest could still be answered by a constant; a top-k question is kept only when it is
+decided on both).
 
 The build is deterministic (two builds are byte-identical) and atomic: files are written into
 a temporary directory beside the target and moved into place only when complete, so an
@@ -41,14 +56,15 @@ import importlib.metadata
 import json
 import os
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rlfactory_core import RLFactoryError, build_directory, rlfactory_home
 
 from .sandbox import QueryLimits, read_schema, run_query
-from .sqltext import QueryError, normalise_sql, sql_string
+from . import generalisation
+from .facts import Country, gold_sql, load_countries, perturbed, question_text, split_of, stable_int
+from .sqltext import QueryError
 
 __all__ = [
     "DB_ID",
@@ -63,21 +79,22 @@ __all__ = [
 
 #: The built-in database's id.
 DB_ID = "world"
-#: The splits of the built-in data and their files.
-SPLITS = {"train": "train.json", "validation": "validation.json", "test": "test.json"}
+#: The check database's id: the same schema and names, other facts (see the module docstring).
+CHECK_DB_ID = "world_perturbed"
+#: The splits of the built-in data and their files: the in-template ones, then those that test
+#: beyond the templates (:mod:`rlfactory_nl2sql.generalisation`).
+SPLITS = {"train": "train.json", "validation": "validation.json", "test": "test.json",
+          "test_wordings": "test_wordings.json", "test_skeletons": "test_skeletons.json"}
 #: Bumped whenever the output changes for the same sources, so older builds are rebuilt.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 TABLES_FILE = "tables.json"
 MANIFEST_FILE = "manifest.json"
 DATABASE_FILE = f"database/{DB_ID}/{DB_ID}.sqlite"
-_DATA_FILES = (DATABASE_FILE, TABLES_FILE) + tuple(SPLITS.values())
+CHECK_DATABASE_FILE = f"database/{CHECK_DB_ID}/{CHECK_DB_ID}.sqlite"
+_DATA_FILES = (DATABASE_FILE, CHECK_DATABASE_FILE, TABLES_FILE) + tuple(SPLITS.values())
 _SOURCES = ("countryinfo", "pycountry", "sqlglot")
 
-_REGIONS = ("Africa", "Americas", "Asia", "Europe", "Oceania")
-# ISO 4217 fund codes: accounting units countryinfo lists beside the money people use.
-_FUND_CURRENCIES = frozenset({"BOV", "CHE", "CHW", "CLF", "COU", "MXV", "USN", "USS", "UYI", "UYW",
-                              "XDR", "XSU", "XUA"})
 
 SCHEMA_SQL = """
 CREATE TABLE countries (
@@ -201,118 +218,10 @@ def database_file(data_dir: Path) -> Path:
     return Path(data_dir) / DATABASE_FILE
 
 
-# --------------------------------------------------------------------------- facts
-
-
-@dataclass
-class _Country:
-    code: str
-    name: str
-    region: str
-    subregion: str
-    population: int | None
-    area: float | None
-    capital: str | None
-    latitude: float | None
-    longitude: float | None
-    currencies: list[tuple[str, str]]  # (code, name)
-    languages: list[tuple[str, str]]
-    borders: list[str]
-
-    def fact_count(self) -> int:
-        return sum(bool(x) for x in (self.population, self.area, self.capital, self.currencies, self.languages,
-                                     self.borders))
-
-
-def _text(value: Any) -> str | None:
-    return value.strip() if isinstance(value, str) and value.strip() else None
-
-
-def _positive(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if value > 0 else None
-
-
-def _currency(code: Any) -> tuple[str, str] | None:
-    import pycountry
-
-    if not isinstance(code, str) or code in _FUND_CURRENCIES:
-        return None
-    currency = pycountry.currencies.get(alpha_3=code)  # absent: withdrawn (HRK, VEF ...)
-    return (currency.alpha_3, currency.name) if currency else None
-
-
-def _language(code: Any) -> tuple[str, str] | None:
-    import pycountry
-
-    if not isinstance(code, str) or len(code) not in (2, 3) or not code.islower():
-        return None
-    language = pycountry.languages.get(**{"alpha_2" if len(code) == 2 else "alpha_3": code})
-    if language is None:
-        return None
-    return code, language.name.split(" (")[0].strip()  # "Malay (macrolanguage)" -> "Malay"
-
-
-def _parse(raw: dict[str, Any]) -> _Country | None:
-    import pycountry
-
-    name = _text(raw.get("name"))
-    iso = raw.get("ISO") if isinstance(raw.get("ISO"), dict) else {}
-    code = _text(iso.get("alpha3"))
-    region, subregion = _text(raw.get("region")), _text(raw.get("subregion"))
-    if not name or not code or region not in _REGIONS or not subregion:
-        return None
-    if pycountry.countries.get(alpha_3=code) is None:  # withdrawn codes, non-countries
-        return None
-    capital = _text(raw.get("capital"))
-    if capital and "/" in capital:  # "Kralendijk / Oranjestad / The Bottom": several
-        capital = None
-    latlng = raw.get("capital_latlng")
-    latitude = longitude = None
-    if capital and isinstance(latlng, list) and len(latlng) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in latlng):
-        latitude, longitude = round(float(latlng[0]), 4), round(float(latlng[1]), 4)
-    population = _positive(raw.get("population"))
-    country = _Country(
-        code=code, name=name, region=region, subregion=subregion,
-        population=int(population) if population else None, area=_positive(raw.get("area")),
-        capital=capital, latitude=latitude, longitude=longitude,
-        currencies=list(dict.fromkeys(c for c in map(_currency, raw.get("currencies") or []) if c)),
-        languages=list(dict.fromkeys(lang for lang in map(_language, raw.get("languages") or []) if lang)),
-        borders=list(dict.fromkeys(c for c in raw.get("borders") or []
-                                   if isinstance(c, str) and len(c) == 3 and c.isupper())),
-    )
-    return country if country.fact_count() >= 2 else None
-
-
-def _load_countries() -> list[_Country]:
-    """Every usable country, one per ISO code and one per name, sorted by code."""
-    from countryinfo import CountryInfo
-
-    everything = CountryInfo.all()
-    by_code: dict[str, list[_Country]] = {}
-    for key in sorted(everything):
-        country = _parse(everything[key])
-        if country is not None:
-            by_code.setdefault(country.code, []).append(country)
-    countries, names = [], set()
-    for code in sorted(by_code):
-        # Two entries for one code (Burma and Myanmar): the one with the most facts.
-        best = sorted(by_code[code], key=lambda c: (-c.fact_count(), c.name))[0]
-        if best.name.lower() not in names:
-            names.add(best.name.lower())
-            countries.append(best)
-    known = {c.code for c in countries}
-    for country in countries:
-        country.borders = [b for b in country.borders if b in known and b != country.code]
-    return countries
-
-
 # --------------------------------------------------------------------------- database
 
 
-def _write_database(path: Path, countries: list[_Country]) -> None:
+def _write_database(path: Path, countries: list[Country]) -> None:
     """The ``world`` database at ``path``, rows inserted in a fixed order (same bytes every build)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path)
@@ -375,17 +284,7 @@ def spider_tables_entry(db_path: str | os.PathLike[str], db_id: str) -> dict[str
 # --------------------------------------------------------------------------- questions
 
 
-def _stable_int(*parts: str) -> int:
-    """A hash that is the same on every machine and Python version (``hash()`` is salted)."""
-    return int.from_bytes(hashlib.sha256("\x1f".join(parts).encode()).digest()[:8], "big")
-
-
-def _split_of(sample_id: str) -> str:
-    bucket = _stable_int("split", sample_id) % 10
-    return "train" if bucket < 7 else "validation" if bucket < 8 else "test"
-
-
-def _candidates(countries: list[_Country]) -> Iterator[tuple[str, str, dict[str, str]]]:
+def _candidates(countries: list[Country]) -> Iterator[tuple[str, str, dict[str, str]]]:
     """``(kind, key, slots)`` for every question the facts suggest, in a fixed order."""
     regions = sorted({c.region for c in countries})
     subregions = sorted({c.subregion for c in countries})
@@ -423,7 +322,7 @@ def _candidates(countries: list[_Country]) -> Iterator[tuple[str, str, dict[str,
         yield "list_subregion", subregion, slots
         yield "most_populous", subregion, slots
         yield "total_population", subregion, slots
-        threshold = _THRESHOLDS[_stable_int("threshold", subregion) % len(_THRESHOLDS)]
+        threshold = _THRESHOLDS[stable_int("threshold", subregion) % len(_THRESHOLDS)]
         yield "populous_over", subregion, {"subregion": subregion, "threshold": str(threshold)}
     for currency in sorted(currency_users):
         if 2 <= currency_users[currency] <= _MAX_LISTED:
@@ -435,60 +334,66 @@ def _candidates(countries: list[_Country]) -> Iterator[tuple[str, str, dict[str,
             yield "count_language", language, {"language": language}
 
 
-def _question_text(template: str, slots: dict[str, str]) -> str:
-    shown = dict(slots)
-    if "threshold" in shown:
-        shown["threshold"] = f"{int(shown['threshold']):,}"
-    return template.format(**shown)
-
-
-def _gold_sql(template: str, slots: dict[str, str]) -> str:
-    literals = {k: (v if k == "threshold" else sql_string(v)) for k, v in slots.items()}
-    return normalise_sql(template.format(**literals))
-
-
-# Top-k kinds: the column they order by and k.
-_TOP_K = {"most_populous": ("population", 1), "largest_three": ("area", 3)}
-
-
-def _decided_without_ties(db_path: Path, kind: str, sql: str) -> bool:
-    """For a top-k question: whether its k values are known and the k-th differs from the
-    next (else the answer depends on how SQLite breaks a tie)."""
-    if kind not in _TOP_K:
-        return True
-    column, k = _TOP_K[kind]
-    head, tail = "SELECT name ", f" LIMIT {k}"
-    assert sql.startswith(head) and sql.endswith(tail), sql
-    values_sql = f"SELECT {column} {sql[len(head):-len(tail)]} LIMIT {k + 1}"
-    values = [row[0] for row in run_query(db_path, values_sql, _BUILD_LIMITS).rows]
-    if len(values) < k or any(v is None for v in values[:k]):
-        return False
-    return len(values) == k or values[k - 1] != values[k]
-
-
+# Top-k kinds: a query of the ordering value in the gold's order, and k (see _decided).
+_TOP_K = {"most_populous": ("SELECT population FROM countries WHERE subregion = {subregion} "
+                            "ORDER BY population DESC", 1),
+          "largest_three": ("SELECT area FROM countries WHERE region = {region} ORDER BY area DESC", 3)}
 _BUILD_LIMITS = QueryLimits(time_limit_s=30.0, max_rows=10_000, overflow="error")
 
 
-def _questions(db_path: Path, countries: list[_Country]) -> list[dict[str, Any]]:
-    """Every question whose gold SQL runs and returns a non-empty, decided answer."""
+def _decided(db_path: Path, values_template: str, k: int, slots: dict[str, str]) -> bool:
+    """For a top-k question: whether its first k rows are known (no NULL) and the k-th value
+    differs from the next (else the answer depends on how SQLite breaks a tie)."""
+    rows = run_query(db_path, gold_sql(values_template, slots), _BUILD_LIMITS).rows[:k + 1]
+    if len(rows) < k or any(v is None for row in rows[:k] for v in row):
+        return False
+    return len(rows) == k or rows[k - 1][0] != rows[k][0]
+
+
+def _questions(db_paths: tuple[Path, Path], candidates: Iterator[tuple[str, str, dict[str, str]]],
+               kinds: dict[str, tuple[str, str]], top_k: dict[str, tuple[str, int]],
+               prefix: str = "nl2sql") -> list[tuple[dict[str, Any], dict[str, str]]]:
+    """``(sample, slots)`` of every candidate whose gold SQL returns a non-empty answer on the
+    real database (no NULL in its first row) and, for a top-k kind, is decided on both."""
     samples, seen = [], set()
-    for kind, key, slots in _candidates(countries):
-        template, sql_template = KINDS[kind]
-        question = _question_text(template, slots)
-        sql = _gold_sql(sql_template, slots)
+    for kind, key, slots in candidates:
+        template, sql_template = kinds[kind]
+        question = question_text(template, slots)
+        sql = gold_sql(sql_template, slots)
         try:
-            result = run_query(db_path, sql, _BUILD_LIMITS)
+            result = run_query(db_paths[0], sql, _BUILD_LIMITS)
         except QueryError as exc:
             raise RLFactoryError(f"the gold SQL of a {kind} question failed: {exc} ({sql})",
                                  hint="a builder bug or an unexpected countryinfo update; report it") from None
         if not result.rows or result.rows[0][0] is None or question.lower() in seen:
             continue
-        if not _decided_without_ties(db_path, kind, sql):
+        if kind in top_k and not all(_decided(path, *top_k[kind], slots) for path in db_paths):
             continue
         seen.add(question.lower())
-        samples.append({"id": f"nl2sql-{kind}-{_stable_int('id', kind, key):016x}", "db_id": DB_ID,
-                        "question": question, "query": sql, "kind": kind})
+        samples.append(({"id": f"{prefix}-{kind}-{stable_int('id', kind, key):016x}", "db_id": DB_ID,
+                         "question": question, "query": sql, "kind": kind, "check_db_id": CHECK_DB_ID}, slots))
     return samples
+
+
+def _skeleton_questions(db_paths: tuple[Path, Path], countries: list[Country]) -> list[dict[str, Any]]:
+    """``test_skeletons``: at most PER_KIND questions of each kind, by a stable hash, none
+    whose answer is a count of 0."""
+    found = _questions(db_paths, generalisation.skeleton_candidates(countries), generalisation.SKELETON_KINDS,
+                       generalisation.SKELETON_TOP_K, prefix="nl2sql-skeleton")
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for sample, _ in sorted(found, key=lambda pair: stable_int("pick", pair[0]["id"])):
+        if sample["query"].startswith("SELECT COUNT(*)") and \
+                run_query(db_paths[0], sample["query"], _BUILD_LIMITS).rows == [(0,)]:
+            continue
+        by_kind.setdefault(sample["kind"], []).append(sample)
+    return [s for kind in generalisation.SKELETON_KINDS for s in by_kind.get(kind, [])[:generalisation.PER_KIND]]
+
+
+def _reworded(questions: list[tuple[dict[str, Any], dict[str, str]]]) -> list[dict[str, Any]]:
+    """``test_wordings``: the test split's questions in the other wording of their kind."""
+    return [{**sample, "id": sample["id"].replace("nl2sql-", "nl2sql-wording-", 1),
+             "question": question_text(generalisation.WORDINGS[sample["kind"]], slots)}
+            for sample, slots in questions if split_of(sample["id"]) == "test"]
 
 
 # --------------------------------------------------------------------------- build
@@ -517,22 +422,27 @@ def _write_dataset(staged: Path, progress: Callable[[str], None]) -> None:
     """Every file of the dataset into ``staged``, the manifest last."""
     versions = _source_versions()
     progress(f"reading facts from countryinfo {versions['countryinfo']} and pycountry {versions['pycountry']}")
-    countries = _load_countries()
-    db_path = staged / DATABASE_FILE
-    _write_database(db_path, countries)
-    progress(f"wrote {DATABASE_FILE} ({len(countries)} countries)")
-    samples = _questions(db_path, countries)
+    countries = load_countries()
+    db_paths = (staged / DATABASE_FILE, staged / CHECK_DATABASE_FILE)
+    _write_database(db_paths[0], countries)
+    _write_database(db_paths[1], perturbed(countries))
+    progress(f"wrote {DATABASE_FILE} and its check copy {CHECK_DATABASE_FILE} ({len(countries)} countries)")
+    questions = _questions(db_paths, _candidates(countries), KINDS, _TOP_K)
     splits: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
-    for sample in samples:
-        splits[_split_of(sample["id"])].append(sample)
-    (staged / TABLES_FILE).write_bytes(_json([spider_tables_entry(db_path, DB_ID)]))
+    for sample, _ in questions:
+        splits[split_of(sample["id"])].append(sample)
+    splits["test_wordings"] = _reworded(questions)
+    splits["test_skeletons"] = _skeleton_questions(db_paths, countries)
+    (staged / TABLES_FILE).write_bytes(_json([spider_tables_entry(db_paths[0], DB_ID)]))
     counts: dict[str, Any] = {"countries": len(countries)}
     for split, rows in splits.items():
-        rows.sort(key=lambda s: _stable_int("order", s["id"]))
+        rows.sort(key=lambda s: stable_int("order", s["id"]))
         (staged / SPLITS[split]).write_bytes(_json(rows))
-        by_kind = {kind: sum(s["kind"] == kind for s in rows) for kind in KINDS}
-        counts[split] = {"questions": len(rows), "by_kind": by_kind}
-        progress(f"wrote {SPLITS[split]} ({len(rows)} questions)")
+        by_kind = {kind: sum(s["kind"] == kind for s in rows) for kind in dict.fromkeys(s["kind"] for s in rows)}
+        differs = sum(_differs_on_check(db_paths, s["query"]) for s in rows)
+        counts[split] = {"questions": len(rows), "by_kind": dict(sorted(by_kind.items())),
+                         "answer_differs_on_check_db": differs}
+        progress(f"wrote {SPLITS[split]} ({len(rows)} questions, {differs} with another answer on the check copy)")
     hashes = {name: _sha256((staged / name).read_bytes()) for name in _DATA_FILES}
     manifest = {
         "dataset": "nl2sql-world",
@@ -543,6 +453,11 @@ def _write_dataset(staged: Path, progress: Callable[[str], None]) -> None:
         "content_hash": _sha256("".join(f"{name}:{hashes[name]}\n" for name in _DATA_FILES).encode()),
     }
     (staged / MANIFEST_FILE).write_bytes(_json(manifest))
+
+
+def _differs_on_check(db_paths: tuple[Path, Path], sql: str) -> bool:
+    real, check = (sorted(map(repr, run_query(path, sql, _BUILD_LIMITS).rows)) for path in db_paths)
+    return real != check
 
 
 def is_complete(directory: Path) -> bool:

@@ -204,6 +204,19 @@ def load_rows(path: str | os.PathLike[str], fmt: str, db_dirs: Sequence[Path],
         for key in ("difficulty", "kind"):
             if isinstance(row.get(key), str):
                 sample[key] = row[key]
+        check = row.get("check_db_id")
+        if check is not None:  # a second database the query must also be right on (the reward's)
+            if not isinstance(check, str) or not check.strip():
+                problems.append(f"{where}: 'check_db_id' must name a database, got {check!r}")
+                continue
+            if check.strip() not in found:
+                found[check.strip()] = database_path(db_dirs, check.strip())
+            if found[check.strip()] is None:
+                dirs = " or ".join(str(d) for d in db_dirs)
+                problems.append(f"{where}: unknown check_db_id {check.strip()!r}: no {check.strip()}/"
+                                f"{check.strip()}.sqlite in {dirs}")
+                continue
+            sample["check_db_path"] = str(found[check.strip()])
         samples.append(sample)
     _raise(problems, hint=f"fix or remove these rows of {path.name}; a db_id is looked up as "
                           "<db_dir>/<db_id>/<db_id>.sqlite")

@@ -9,7 +9,12 @@ For a trajectory of a sample with gold SQL (``query``, or BIRD's ``SQL``):
    database (the env's ``state["db_path"]``, else the sample's ``db_path``), with this
    reward's ``time_limit_s``, ``max_rows`` and ``max_bytes`` (a result beyond them is an error,
    never a silently cut result). The gold result is cached per database and query.
-3. The results match when they hold the same rows: as multisets (any order), or as lists
+3. When the sample names a **check database** (``check_db_path``, from a row's
+   ``check_db_id``: the same schema with other facts, as every built-in question has), a
+   query that matches is run there too, and counts only when it matches the gold SQL's
+   result there as well: a constant (``SELECT 'Andorra la Vella'``) or a result copied from a
+   tool call is right on one database only (component ``check_db_mismatch``).
+4. The results match when they hold the same rows: as multisets (any order), or as lists
    when the gold query orders its result at the top level (an ``ORDER BY`` of the outermost
    query, found with sqlglot). Columns are compared by position, their names ignored; floats
    are rounded to ``float_digits`` decimals, and a whole float equals the integer (``2.0`` =
@@ -29,8 +34,9 @@ setting). ``correct`` drives ``reward/accuracy``: execution accuracy.
 
 Components, each 1 or 0 per trajectory, so their logged means
 (``reward/sql_execution/<component>``) are rates: ``execution_match``, ``format``,
-``no_answer``, ``execution_error`` (the predicted SQL was refused or failed, timeouts aside)
-and ``timeout``. The failure's kind and one-line message are also written to the
+``no_answer``, ``execution_error`` (the predicted SQL was refused or failed, timeouts aside),
+``timeout`` and ``check_db_mismatch`` (right on the real database, wrong on the check copy).
+The failure's kind and one-line message are also written to the
 trajectory's ``metadata["sql_execution"]``. A sample without gold SQL: the reward does not
 apply (``None``). A gold SQL that fails is a dataset problem: the reward raises, the reward
 layer counts it in ``reward/errors`` and records the message in the scored batch's
@@ -190,6 +196,24 @@ class SQLExecutionReward:
                 self._gold.popitem(last=False)
         return entry
 
+    def _matches_on_check(self, check_path: str, predicted: str, gold: str, sample: Sample,
+                          trajectory: Trajectory) -> bool:
+        """Whether the predicted SQL also returns the gold SQL's result on the sample's check
+        database (same schema, other facts): a constant or a copied result does not."""
+        gold_rows, ordered = self._gold_result(check_path, gold, sample)
+        try:
+            result = run_query(check_path, predicted, self.limits)
+        except QueryError as exc:
+            trajectory.metadata["sql_execution"] = {"error_kind": exc.kind, "error": exc.message,
+                                                    "database": "check"}
+            return False
+        if same_result(normalise_rows(result.rows, self.float_digits), gold_rows, ordered):
+            return True
+        trajectory.metadata["sql_execution"] = {"error_kind": "check_db_mismatch",
+                                                "error": "the query returns the gold result on the real database "
+                                                         "but not on the check copy (a constant or copied result?)"}
+        return False
+
     # ------------------------------------------------------------------ score
 
     def score(self, trajectory: Trajectory, sample: Sample, context: Any = None) -> RewardOutput | None:
@@ -200,7 +224,7 @@ class SQLExecutionReward:
             return None
         db_path = self.database(sample, context)
         components = {"execution_match": 0.0, "format": 0.0, "no_answer": 0.0, "execution_error": 0.0,
-                      "timeout": 0.0}
+                      "timeout": 0.0, "check_db_mismatch": 0.0}
         predicted = self.predicted_sql(trajectory)
         if not predicted:
             components["no_answer"] = 1.0
@@ -213,6 +237,10 @@ class SQLExecutionReward:
             trajectory.metadata["sql_execution"] = {"error_kind": exc.kind, "error": exc.message}
             return RewardOutput(value=0.0, components=components, correct=False)
         match = same_result(normalise_rows(result.rows, self.float_digits), gold_rows, ordered)
+        check_path = sample.get("check_db_path") if hasattr(sample, "get") else None
+        if match and check_path:
+            match = self._matches_on_check(str(check_path), predicted, gold, sample, trajectory)
+            components["check_db_mismatch"] = float(not match)
         components["execution_match"] = float(match)
         components["format"] = float(self.answer_form_ok(trajectory))
         value = float(match) + self.format_score * components["format"]

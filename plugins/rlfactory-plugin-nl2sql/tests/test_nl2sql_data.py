@@ -10,24 +10,26 @@ from collections import Counter
 import pytest
 
 from rlfactory_core import RLFactoryError
-from rlfactory_nl2sql import data, run_query
+from rlfactory_nl2sql import data, facts, run_query
 from rlfactory_nl2sql.data import DB_ID, KINDS, SPLITS, build, database_file
 from rlfactory_nl2sql.formats import load_spider, load_tables_json
 from rlfactory_nl2sql.sandbox import QueryLimits, format_table, read_schema
 from rlfactory_nl2sql.sqltext import normalise_sql, orders_rows
 
-FILES = ("database/world/world.sqlite", "tables.json", "train.json", "validation.json", "test.json",
-         "manifest.json")
+FILES = ("database/world/world.sqlite", "database/world_perturbed/world_perturbed.sqlite", "tables.json",
+         "train.json", "validation.json", "test.json", "test_wordings.json", "test_skeletons.json", "manifest.json")
+IN_TEMPLATE = ("train", "validation", "test")
 
 
 @pytest.fixture(scope="module")
 def splits(built) -> dict[str, list[dict]]:
-    return {split: load_spider(built / name, source="builtin") for split, name in SPLITS.items()}
+    """The in-template splits (the others: test_nl2sql_generalisation.py)."""
+    return {split: load_spider(built / SPLITS[split], source="builtin") for split in IN_TEMPLATE}
 
 
 @pytest.fixture(scope="module")
 def samples(splits) -> list[dict]:
-    return [sample for split in SPLITS for sample in splits[split]]
+    return [sample for split in IN_TEMPLATE for sample in splits[split]]
 
 
 def test_two_builds_write_identical_files(built, tmp_path):
@@ -47,7 +49,7 @@ def test_the_build_is_in_the_spider_format(built):
     keys = {(names[a][1], names[b][1]) for a, b in entry["foreign_keys"]}
     assert ("country_code", "code") in keys and ("currency_code", "code") in keys
     rows = json.loads((built / "test.json").read_text())
-    assert set(rows[0]) == {"id", "db_id", "question", "query", "kind"}
+    assert set(rows[0]) == {"id", "db_id", "question", "query", "kind", "check_db_id"}
 
 
 def test_the_database_holds_real_facts(built):
@@ -99,7 +101,7 @@ def test_questions_cover_every_kind_and_splits_are_disjoint(splits, samples):
     assert 0.6 < share["train"] < 0.8 and 0.05 < share["validation"] < 0.15 and 0.12 < share["test"] < 0.28
     # the split of a question is a stable function of its id
     for split, rows in splits.items():
-        assert all(data._split_of(row["id"]) == split for row in rows)
+        assert all(facts.split_of(row["id"]) == split for row in rows)
     # top-k questions are ordered and decided without ties
     ordered = [s for s in samples if s["kind"] in ("most_populous", "largest_three")]
     assert ordered and all(orders_rows(s["query"]) for s in ordered)

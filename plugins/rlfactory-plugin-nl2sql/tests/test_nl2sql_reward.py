@@ -38,7 +38,8 @@ def sample(db, query=PERU, **extra):
     return {"id": "s1", "db_id": "world", "question": "?", "query": query, "db_path": db, **extra}
 
 
-ZERO = {"execution_match": 0.0, "format": 0.0, "no_answer": 0.0, "execution_error": 0.0, "timeout": 0.0}
+ZERO = {"execution_match": 0.0, "format": 0.0, "no_answer": 0.0, "execution_error": 0.0, "timeout": 0.0,
+        "check_db_mismatch": 0.0}
 
 
 @pytest.mark.parametrize("reply, final_answer, value, changed", [
