@@ -26,7 +26,10 @@ from typing import Any
 
 from rlfactory_core.metrics import read_metrics
 
-SPLITS = {"deepsearch": ("test", "test_wordings", "test_composition", "test_counterfactual")}
+SPLITS = {"deepsearch": ("test", "test_wordings", "test_composition", "test_counterfactual"),
+          "nl2sql": ("test", "test_wordings", "test_skeletons")}
+#: The env option that turns its tools off (the tools-off baseline).
+TOOLS_OFF = {"deepsearch": "env_options={use_tools: false}", "nl2sql": "env_options={tools: false}"}
 ACCURACY = "reward/accuracy"
 
 
@@ -60,11 +63,11 @@ def run_seed(env: str, seed: int, work: Path, overrides: list[str]) -> dict[str,
 
 def tools_off(env: str, split: str, work: Path) -> float:
     """The base model with its tools off on the whole split (``rlf eval``, cached in ``work``)."""
-    report = work / f"tools-off-{split}"
+    report = work / (f"tools-off-{split}" if env == "deepsearch" else f"tools-off-{env}-{split}")
     if not (report / "report.json").is_file():
         print(f"{env} {split}, tools off ...", flush=True)
         argv = [sys.executable, "-m", "rlfactory_cli", "eval", "--env", env, "--model", "smollm2-135m-instruct",
-                "--split", split, "--report", str(report), "env_options={use_tools: false}"]
+                "--split", split, "--report", str(report), TOOLS_OFF[env]]
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"tools-off eval of {split} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
