@@ -20,6 +20,7 @@ from rlfactory_core import hookimpl
 
 from .device import Check, Device, DeviceError, StartState
 from .env import AndroidEnv, evaluate_check
+from .layout import Layout
 from .parser import PythonicParser
 from .reward import AndroidTaskReward
 from .simulated import SimulatedPhone
@@ -36,6 +37,7 @@ __all__ = [
     "Device",
     "DeviceError",
     "StartState",
+    "Layout",
     "Check",
     "Task",
     "load_tasks",

@@ -38,8 +38,10 @@ The commands, with the device shell's view of them:
   joined by contact id: one ``(name, phone)`` per phone number, ``(name, "")`` for a contact
   without one (a single query of ``data/phones`` would miss contacts that have no phone).
 * ``list_notes``: a ``DeviceError``: a real device has no standard notes app.
-* ``reset(start, apps)``, in this order: refuse ``start.notes`` and an unknown
-  ``start.app`` before touching the device; ``shell am force-stop PKG`` for every app;
+* ``reset(start, apps)``, in this order: refuse ``start.notes``, a ``start.layout`` (the
+  order of Settings rows and launcher icons is the phone's own: adb has no command that
+  reorders them, and pretending would let a task believe its screens differ when they do
+  not) and an unknown ``start.app`` before touching the device; ``shell am force-stop PKG`` for every app;
   ``shell input keyevent KEYCODE_HOME``; each setting: ``global/wifi_on`` through ``shell
   svc wifi enable|disable``, ``global/bluetooth_on`` through ``shell svc bluetooth
   enable|disable``, ``global/airplane_mode_on`` through ``shell cmd connectivity
@@ -61,13 +63,8 @@ The commands, with the device shell's view of them:
 
 :func:`list_devices` reads ``adb devices`` (rows in state ``device`` only).
 
-:class:`AdbDevicePool` hands out devices one per trajectory: ``await pool.lease()`` returns a
-free device that has just passed :meth:`AdbDevice.healthy` (checked in a thread, so the event
-loop keeps running), and ``await pool.release(device)`` gives it back. With more concurrent
-trajectories than devices, the extra ``lease`` calls wait until one is released. A device
-that fails its health check is logged (``logging.warning``), set aside and tried again once
-``retry_after_s`` has passed since its check; while every device is set aside and none is due
-for another try, ``lease`` raises ``DeviceError``.
+:class:`AdbDevicePool` (:mod:`rlfactory_android.adb_pool`, imported here) hands out the
+devices one per trajectory.
 
 None of this has run against a real device in this repository's tests: they drive a fake
 ``adb`` (``tests/fake_adb.py``) that answers with canned outputs.
@@ -75,14 +72,9 @@ None of this has run against a real device in this repository's tests: they driv
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import re
 import shlex
 import subprocess
-import threading
-import time
-from collections import deque
 from typing import Sequence
 
 from .device import KEYS, DeviceError, StartState, split_setting
@@ -113,8 +105,6 @@ __all__ = [
     "CONTACTS_PACKAGE",
 ]
 
-logger = logging.getLogger(__name__)
-
 #: Where ``uiautomator dump`` writes the UI hierarchy on the device.
 DUMP_PATH = "/sdcard/window_dump.xml"
 #: The package holding the contacts database (``pm clear`` empties it).
@@ -135,6 +125,8 @@ _RADIO_SETTINGS = {
     "global/airplane_mode_on": ("cmd", "connectivity", "airplane-mode"),
 }
 _NO_NOTES = "a real device has no standard notes app; note tasks need the simulated backend"
+_NO_LAYOUT = ("a start.layout (the order of Settings rows and launcher icons) needs the simulated backend: adb "
+              "cannot reorder a real phone's screens; drop the task's layout or use backend: simulated")
 _INSTALL_HINT = ("install Android platform-tools (Debian/Ubuntu package `adb`) or set the env option adb_path "
                  "to the adb binary")
 
@@ -368,6 +360,13 @@ def list_devices(adb_path: str = "adb", timeout_s: float = 15.0) -> list[str]:
 class AdbDevice:
     """One device or emulator, by its ``adb devices`` serial (see the module docstring)."""
 
+    #: Settings the system switches when another changes, which the side-effect rule
+    #: (:mod:`rlfactory_android.checks`) does not count for a check of that other: turning
+    #: airplane mode on may turn the Wi-Fi and Bluetooth radios off (and off restores them),
+    #: depending on the Android version and the user's earlier choices.
+    linked_settings: dict[str, tuple[str, ...]] = {
+        "global/airplane_mode_on": ("global/wifi_on", "global/bluetooth_on")}
+
     def __init__(self, serial: str, adb_path: str = "adb", timeout_s: float = 15.0):
         if not isinstance(serial, str) or not serial.strip():
             raise DeviceError(f"a device serial is the name `adb devices` lists (e.g. emulator-5554), got {serial!r}")
@@ -486,6 +485,8 @@ class AdbDevice:
     def reset(self, start: StartState, apps: dict[str, str]) -> None:
         if start.notes:
             raise DeviceError(_NO_NOTES)
+        if not start.layout.is_default:
+            raise DeviceError(_NO_LAYOUT)
         if start.app is not None and start.app not in apps:
             raise DeviceError(f"unknown app {start.app!r}; apps: {', '.join(apps) or 'none'}")
         setting_commands = [c for name, value in start.settings.items() for c in put_setting_commands(name, value)]
@@ -522,119 +523,4 @@ class AdbDevice:
         return state.decode("utf-8", "replace").strip() == "device"
 
 
-# --------------------------------------------------------------------------- pool
-
-
-class AdbDevicePool:
-    """Devices leased one per trajectory (see the module docstring).
-
-    :param serials: the devices to use; None: every device ``adb devices`` lists as ready.
-    :param adb_path: the ``adb`` binary.
-    :param timeout_s: the time limit of one adb command.
-    :param retry_after_s: how long a device that failed its health check is set aside.
-    """
-
-    def __init__(self, serials: Sequence[str] | None = None, adb_path: str = "adb", timeout_s: float = 15.0,
-                 retry_after_s: float = 30.0):
-        if serials is None:
-            serials = list_devices(adb_path, timeout_s)
-            if not serials:
-                raise DeviceError("no Android device is connected (adb devices lists none as ready); start an "
-                                  "emulator or connect a device with USB debugging on and authorized")
-        elif isinstance(serials, str) or not serials:
-            raise DeviceError(f"the adb backend needs a list of device serials (adb devices), got {serials!r}")
-        if len(set(serials)) != len(serials):
-            raise DeviceError(f"device serials are listed twice: {', '.join(serials)}")
-        self.devices = [AdbDevice(serial, adb_path=adb_path, timeout_s=timeout_s) for serial in serials]
-        self.retry_after_s = float(retry_after_s)
-        # State changes happen under a threading lock (never held across an await), so release
-        # works from any thread and event loop; waiting leases are woken through their loop.
-        self._lock = threading.Lock()
-        self._free: deque[AdbDevice] = deque(self.devices)
-        self._leased: set[str] = set()
-        self._checking: set[str] = set()
-        self._set_aside: dict[str, float] = {}  # serial -> when it failed its health check
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-
-    @property
-    def serials(self) -> list[str]:
-        return [device.serial for device in self.devices]
-
-    def _take(self) -> tuple[AdbDevice | None, float | None]:
-        """A free device, else a set-aside one that is due for another try; else None and the
-        seconds until the next one is due (None: none is set aside)."""
-        if self._free:
-            return self._free.popleft(), None
-        now = time.monotonic()
-        due_in = None
-        for device in self.devices:
-            failed_at = self._set_aside.get(device.serial)
-            if failed_at is None:
-                continue
-            wait = failed_at + self.retry_after_s - now
-            if wait <= 0:
-                del self._set_aside[device.serial]
-                return device, None
-            due_in = wait if due_in is None else min(due_in, wait)
-        return None, due_in
-
-    def _wake_all(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for loop, future in waiters:
-            loop.call_soon_threadsafe(_resolve, future)
-
-    async def lease(self) -> AdbDevice:
-        """A healthy device for one trajectory; waits while every device is leased."""
-        loop = asyncio.get_running_loop()
-        while True:
-            with self._lock:
-                device, due_in = self._take()
-                if device is None:
-                    if not self._leased and not self._checking and len(self._set_aside) == len(self.devices):
-                        raise DeviceError(f"every Android device failed its health check ({', '.join(self.serials)}); "
-                                          "check `adb devices` and restart the emulators")
-                    waiter: asyncio.Future[None] = loop.create_future()
-                    self._waiters.append((loop, waiter))
-                else:
-                    self._checking.add(device.serial)
-            if device is None:
-                try:
-                    await asyncio.wait({waiter}, timeout=due_in)
-                finally:
-                    with self._lock:
-                        self._waiters = [(l, w) for l, w in self._waiters if w is not waiter]
-                continue
-            try:
-                ok = await asyncio.to_thread(device.healthy)
-            except BaseException:
-                with self._lock:  # cancelled while checking: the device is not ours, give it back
-                    self._checking.discard(device.serial)
-                    self._free.appendleft(device)
-                    self._wake_all()
-                raise
-            with self._lock:
-                self._checking.discard(device.serial)
-                if ok:
-                    self._leased.add(device.serial)
-                    return device
-                self._set_aside[device.serial] = time.monotonic()
-                self._wake_all()  # a waiting lease may now find every device set aside
-            logger.warning("Android device %s failed its health check (adb -s %s get-state); trying another, "
-                           "and this one again in %gs", device.serial, device.serial, self.retry_after_s)
-
-    async def release(self, device: AdbDevice) -> None:
-        """Give a leased device back (a waiting ``lease`` gets it)."""
-        with self._lock:
-            if device.serial not in self._leased:
-                raise ValueError(f"device {device.serial} is not leased from this pool")
-            self._leased.discard(device.serial)
-            self._free.append(device)
-            self._wake_all()
-
-    def __repr__(self) -> str:
-        return f"AdbDevicePool({self.serials})"
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+from .adb_pool import AdbDevicePool  # noqa: E402 - the pool builds on AdbDevice above (a module of its own)

@@ -17,11 +17,17 @@ it to find the element to act on:
 * ``contact_absent``: open Contacts, swipe the list up until the contact's row shows, long-press
   it, tap "Delete" in the dialog;
 
-then answer "Done.". The phone is deterministic, so replaying these turns in a fresh episode
-(what the core does) shows the same screens; a demonstration is returned only when the task's
-success check holds on the solver's phone, and the core keeps it only when the
-``android_task`` reward agrees. Only the simulated backend has demonstrations (a real device's
-screens are not known in advance).
+then answer "Done.". Elements are found by their text or resource id on the screen shown, never
+by a fixed number, so the solver works in any layout and with lists of any length. The phone is
+deterministic, so replaying these turns in a fresh episode (what the core does) shows the same
+screens; a demonstration is returned only when the task's success check (side effects
+included) holds on the solver's phone, and the core keeps it only when the ``android_task``
+reward agrees. Only the simulated backend has demonstrations (a real
+device's screens are not known in advance).
+
+:func:`replay` plays recorded tool calls unchanged on a fresh phone in another task's start
+state and reads that task's check: what a model that memorised a demonstration would score
+(the honesty tests and ``bench/android_baselines.py`` use it).
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ from typing import Any
 
 from rlfactory_core import ToolCall
 
-from .env import evaluate_check
+from .checks import evaluate_check, read_snapshot
 from .simulated import TOGGLES, SimulatedPhone
 
-__all__ = ["solve"]
+__all__ = ["solve", "solve_calls", "replay"]
 
 _TITLES = {name: title for title, name, _, _ in TOGGLES}
 _MAX_SWIPES = 8
@@ -44,14 +50,42 @@ class _Unsolved(Exception):
     """The solver met a screen it does not know: no demonstration."""
 
 
-async def solve(env: Any, task: Any, parser: Any) -> list[str] | None:
-    """The assistant turns that complete ``task`` on the simulated phone (tool calls written
-    by ``parser``, then "Done."), or None when the solver cannot do it."""
+def _episode(env: Any, task: Any) -> tuple[SimulatedPhone, dict[str, Any], Any]:
+    """A private simulated phone in ``task``'s start state, the tools' episode state over it,
+    and the snapshot the side-effect rule compares the end with."""
     phone = SimulatedPhone(serial="demonstration")
     phone.reset(task.start, env.apps)
     state = {"device": phone, "screen": env.read_screen(phone), "lock": asyncio.Lock(), "actions": 0}
+    return phone, state, read_snapshot(phone, task.start, task.check)
+
+
+async def solve(env: Any, task: Any, parser: Any) -> list[str] | None:
+    """The assistant turns that complete ``task`` on the simulated phone (tool calls written
+    by ``parser``, then "Done."), or None when the solver cannot do it."""
+    calls = await solve_calls(env, task)
+    return None if calls is None else [*(parser.format_tool_call(call) for call in calls), "Done."]
+
+
+async def replay(env: Any, task: Any, calls: list[ToolCall]) -> tuple[bool, str]:
+    """Play ``calls`` unchanged through the env's tools on a simulated phone in ``task``'s
+    start state (a call the tools refuse is an error observation, as in an episode, and the
+    next one runs), then read ``task``'s check, side effects included: (success, found)."""
+    phone, state, before = _episode(env, task)
     tools = {tool.name: tool for tool in env.tools}
-    turns: list[str] = []
+    for call in calls:
+        try:
+            await tools[call.name].call(dict(call.arguments), {"state": state})
+        except Exception:  # noqa: BLE001 - ToolArgumentsError: the model would see it and go on
+            continue
+    return evaluate_check(phone, task.check, before)
+
+
+async def solve_calls(env: Any, task: Any) -> list[ToolCall] | None:
+    """The tool calls that complete ``task`` on the simulated phone, or None when the solver
+    cannot do it (see the module docstring)."""
+    phone, state, before = _episode(env, task)
+    tools = {tool.name: tool for tool in env.tools}
+    calls: list[ToolCall] = []
 
     async def act(name: str, **arguments: Any) -> None:
         try:
@@ -60,7 +94,7 @@ async def solve(env: Any, task: Any, parser: Any) -> list[str] | None:
             raise _Unsolved(str(exc)) from None
         if not result.ok:
             raise _Unsolved(result.content)
-        turns.append(parser.format_tool_call(ToolCall(name=name, arguments=arguments)))
+        calls.append(ToolCall(name=name, arguments=arguments))
 
     def element(label: str = "", resource_id: str = "") -> Any:
         screen = state["screen"]
@@ -109,6 +143,6 @@ async def solve(env: Any, task: Any, parser: Any) -> list[str] | None:
             return None
     except _Unsolved:
         return None
-    if not evaluate_check(phone, check)[0]:
+    if not evaluate_check(phone, check, before)[0]:
         return None
-    return [*turns, "Done."]
+    return calls

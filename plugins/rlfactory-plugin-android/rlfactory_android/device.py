@@ -8,6 +8,9 @@ synchronous and may block (adb runs a subprocess); the env calls them in the cor
 thread pool. A method that cannot do what it is asked raises :class:`DeviceError` with a
 one-line message, which the env turns into an error observation.
 
+A device may also have ``linked_settings`` (setting -> the settings the system switches with
+it), which the side-effect rule of :mod:`rlfactory_android.checks` reads; none when absent.
+
 Settings are named the way Android stores them: ``"<namespace>/<key>"`` with namespace
 ``global``, ``secure`` or ``system`` (e.g. ``global/wifi_on``, ``global/bluetooth_on``,
 ``global/airplane_mode_on``), values as the text ``adb shell settings get`` prints.
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from .layout import Layout
 
 __all__ = ["Device", "DeviceError", "StartState", "Check", "CHECK_KINDS", "KEYS", "SETTING_NAMESPACES",
            "split_setting"]
@@ -44,12 +49,14 @@ def split_setting(name: str) -> tuple[str, str]:
 @dataclass(frozen=True)
 class StartState:
     """The device state an episode starts from: settings to set, the contacts and notes that
-    exist (exactly these), and the app in the foreground (``None``: the home screen)."""
+    exist (exactly these), the app in the foreground (``None``: the home screen), and the
+    :class:`~rlfactory_android.layout.Layout` of the screens (simulated phone only)."""
 
     settings: dict[str, str] = field(default_factory=dict)
     contacts: tuple[tuple[str, str], ...] = ()  # (name, phone)
     notes: tuple[str, ...] = ()
     app: str | None = None
+    layout: Layout = field(default_factory=Layout)
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "StartState":
@@ -58,10 +65,10 @@ class StartState:
             return cls()
         if not isinstance(data, dict):
             raise ValueError(f"{where}: 'start' must be a mapping, got {type(data).__name__}")
-        unknown = sorted(set(data) - {"settings", "contacts", "notes", "app"})
+        unknown = sorted(set(data) - {"settings", "contacts", "notes", "app", "layout"})
         if unknown:
             raise ValueError(f"{where}: unknown key(s) in 'start': {', '.join(unknown)} "
-                             "(it takes settings, contacts, notes, app)")
+                             "(it takes settings, contacts, notes, app, layout)")
         settings = data.get("settings") or {}
         if not isinstance(settings, dict):
             raise ValueError(f"{where}: start.settings must map <namespace>/<key> to a value")
@@ -83,7 +90,7 @@ class StartState:
         if app is not None and (not isinstance(app, str) or not app.strip()):
             raise ValueError(f"{where}: start.app must be an app name, got {app!r}")
         return cls(settings={k: str(v) for k, v in settings.items()}, contacts=tuple(contacts),
-                   notes=tuple(notes), app=app)
+                   notes=tuple(notes), app=app, layout=Layout.from_dict(data.get("layout"), where))
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,8 @@ class Device(Protocol):
         """Every note's text; ``DeviceError`` where the backend has no notes app."""
 
     def reset(self, start: StartState, apps: dict[str, str]) -> None:
-        """Put the device into ``start`` (``apps`` maps app names to package names)."""
+        """Put the device into ``start`` (``apps`` maps app names to package names);
+        ``DeviceError`` for a start the backend cannot make (notes or a layout on adb)."""
 
     def healthy(self) -> bool:
         """Whether the device answers (a cheap round trip)."""

@@ -27,7 +27,10 @@ after another, in the order they reach the device.
 A turn without a tool call ends the episode (the model says it is done). ``close`` then
 reads the task's success check from the device state (a setting's value, a contact, a note,
 a field's text), before the device is released, and keeps the verdict in the episode's
-state, where the ``android_task`` reward (:mod:`rlfactory_android.reward`) reads it.
+state, where the ``android_task`` reward (:mod:`rlfactory_android.reward`) reads it. The
+check also fails on side effects: ``reset`` keeps a snapshot of the settings, contacts and
+notes right after the start state is made, and anything else that changed by the end fails
+the task (:mod:`rlfactory_android.checks`).
 
 Backends (``backend``): ``simulated`` (default), the deterministic simulated phone of
 :mod:`rlfactory_android.simulated`, one per concurrent trajectory; ``adb``, real devices or
@@ -44,10 +47,11 @@ from typing import Any, Sequence
 from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, RLFactoryError, Sample, ToolCall,
                             ToolResult, get_component, member, run_in_tool_thread)
 
-from .device import Check, Device, DeviceError, StartState
+from .checks import evaluate_check, read_snapshot
+from .device import Device, DeviceError, StartState
 from .simulated import APPS as SIMULATED_APPS
 from .simulated import SimulatedPhone
-from .tasks import BUILTIN_DIR, Task, check_text, load_tasks, read_task
+from .tasks import BUILTIN_DIR, BUILTIN_SPLITS, Task, check_text, load_tasks, read_task
 from .tools import TOOLS
 from .ui import Screen, parse_ui, render_screen
 
@@ -96,36 +100,6 @@ class SimulatedPool:
             self._released.notify()
 
 
-def evaluate_check(device: Device, check: Check) -> tuple[bool, str]:
-    """Read ``check`` from ``device``: (success, what was found). ``DeviceError`` when the
-    device cannot tell (e.g. a note check on a real device)."""
-    if check.kind == "setting":
-        value = device.get_setting(check.name)
-        return value == check.value, f"{check.name} = {value}"
-    if check.kind in ("contact_exists", "contact_absent"):
-        contacts = device.list_contacts()
-        wanted = " ".join(check.name.split()).casefold()
-        matches = [phone for name, phone in contacts if " ".join(name.split()).casefold() == wanted]
-        if check.kind == "contact_absent":
-            return not matches, f"{len(matches)} contact(s) named {check.name!r}"
-        if check.value:
-            digits = "".join(ch for ch in check.value if ch.isdigit())
-            ok = any("".join(ch for ch in phone if ch.isdigit()) == digits for phone in matches)
-            return ok, f"contacts named {check.name!r} have phones {matches}"
-        return bool(matches), f"{len(matches)} contact(s) named {check.name!r}"
-    if check.kind == "note_exists":
-        notes = device.list_notes()
-        wanted = (check.value or "").strip().casefold()
-        return any(note.strip().casefold() == wanted for note in notes), f"notes: {notes}"
-    screen = parse_ui(device.dump_ui(), device.screen_size)
-    element = screen.find(check.name)
-    if element is None:
-        return False, f"no element {check.name} on the screen"
-    return element.text.strip() == (check.value or "").strip(), f"{check.name} shows {element.text!r}"
-
-
-
-
 # --------------------------------------------------------------------------- the env
 
 
@@ -134,8 +108,8 @@ class AndroidEnv:
 
     :param backend: ``simulated`` (default) or ``adb``.
     :param splits: split name -> task file (JSONL, absolute or relative to the working
-        directory), merged over the built-in ``train`` and ``test`` (for the simulated phone);
-        ``null`` drops a split.
+        directory), merged over the built-in ``train``, ``validation``, ``test`` and
+        ``test_layouts`` (for the simulated phone); ``null`` drops a split.
     :param devices: simulated: how many phones at most (default one per concurrent
         trajectory); adb: the serials to use (default every connected device).
     :param adb_path: the ``adb`` binary (adb backend).
@@ -247,7 +221,7 @@ class AndroidEnv:
         if splits is not None and not isinstance(splits, dict):
             problems.append(f"env_options.splits: must map split names to task files, got {splits!r}")
             splits = None
-        defaults = {split: str(BUILTIN_DIR / f"{split}.jsonl") for split in ("train", "validation", "test")}
+        defaults = {split: str(BUILTIN_DIR / f"{split}.jsonl") for split in BUILTIN_SPLITS}
         files: dict[str, Path] = {}
         for split, name in {**defaults, **(splits or {})}.items():
             if name is None:
@@ -275,6 +249,12 @@ class AndroidEnv:
             raise ConfigError([f"env_options.splits.{split}: {exc}"]) from None
         problems = [f"env_options.splits.{split}: task {t.id}: start.app {t.start.app!r} is not one of the apps "
                     f"({', '.join(self.apps)})" for t in tasks if t.start.app is not None and t.start.app not in self.apps]
+        laid_out = [t.id for t in tasks if not t.start.layout.is_default]
+        if self.backend == "adb" and laid_out:
+            problems.append(f"env_options.splits.{split}: {len(laid_out)} task(s) have a start.layout "
+                            f"({', '.join(laid_out[:3])}{', ...' if len(laid_out) > 3 else ''}), which only the "
+                            "simulated phone can draw (adb cannot reorder a real phone's Settings rows or launcher "
+                            "icons); give the adb backend task files without layouts (env_options.splits)")
         if problems:
             raise ConfigError(problems)
         rows = [json_row for json_row in (_task_row(t) for t in tasks)]
@@ -367,6 +347,8 @@ class AndroidEnv:
         device = await pool.lease()
         try:
             await run_in_tool_thread(device.reset, task.start, self.apps)
+            # what the side-effect rule compares the end with: the state as the device shows it now
+            before = await run_in_tool_thread(read_snapshot, device, task.start, task.check)
             screen = await run_in_tool_thread(self.read_screen, device)
         except BaseException:
             await pool.release(device)
@@ -385,7 +367,7 @@ class AndroidEnv:
         else:
             messages.append(Message(role="user", content=goal))
         state = {"task": task, "device": device, "screen": screen, "lock": asyncio.Lock(), "actions": 0,
-                 "success": None, "check": None, "check_error": None, "released": False}
+                 "before": before, "success": None, "check": None, "check_error": None, "released": False}
         return EnvReset(messages=messages, tools=list(self.tools), state=state)
 
     async def demonstration(self, sample: Sample, parser: Any) -> list[str] | None:
@@ -424,7 +406,8 @@ class AndroidEnv:
         device = state["device"]
         try:
             async with state["lock"]:
-                success, found = await run_in_tool_thread(evaluate_check, device, state["task"].check)
+                success, found = await run_in_tool_thread(evaluate_check, device, state["task"].check,
+                                                          state.get("before"))
             state["success"], state["check"] = success, found
         except DeviceError as exc:
             state["check_error"] = str(exc)
@@ -461,6 +444,6 @@ def _task_row(task: Task) -> dict[str, Any]:
     start = task.start
     return {"id": task.id, "goal": task.goal,
             "start": {"settings": dict(start.settings), "contacts": [{"name": n, "phone": p} for n, p in start.contacts],
-                      "notes": list(start.notes), "app": start.app},
+                      "notes": list(start.notes), "app": start.app, "layout": start.layout.to_dict()},
             "check": {"kind": task.check.kind, "name": task.check.name, "value": task.check.value},
             "answer": check_text(task.check)}

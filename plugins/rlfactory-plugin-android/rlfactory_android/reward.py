@@ -1,11 +1,13 @@
 """The reward ``android_task``: did the episode reach the task's goal on the device?
 
 The env reads the task's success check from the device when the episode ends (a setting's
-value, a contact, a note, a field's text: :func:`rlfactory_android.env.evaluate_check`),
-before the device is released, and keeps the verdict in the episode's state; this reward
-turns it into the score: ``success_value`` (1.0) when the check passed, ``failure_value``
-(0.0) otherwise. Components: ``success`` (1/0) and ``actions`` (the tool calls carried out,
-waits included; refused calls and ones the device failed are not counted).
+value, a contact, a note, a field's text: :func:`rlfactory_android.checks.evaluate_check`),
+before the device is released, and keeps the verdict in the episode's state. The check fails
+on side effects too: a setting, contact or note the task does not ask about that changed
+since the start (:mod:`rlfactory_android.checks`). This reward turns the verdict into the
+score: ``success_value`` (1.0) when the check passed, ``failure_value`` (0.0) otherwise.
+Components: ``success`` (1/0) and ``actions`` (the tool calls carried out, waits included;
+refused calls and ones the device failed are not counted).
 A check the device could not answer is a reward error (counted, the fallback value given).
 A trajectory that is not an android episode gets ``None`` (the reward does not apply).
 """

@@ -11,6 +11,10 @@ typed text and keys by hit-testing those screens, the way input reaches a real a
   (``global/wifi_on``), Bluetooth (``global/bluetooth_on``), Airplane mode
   (``global/airplane_mode_on``), Do not disturb (``global/zen_mode``) and Dark theme
   (``secure/ui_night_mode``: 2 on, 1 off); tapping a row toggles its setting.
+
+The order of the Settings rows and of the launcher's icons is the start state's
+:class:`~rlfactory_android.layout.Layout` (the usual order without one), so the same task can
+start from screens whose element numbers differ.
 * **Contacts** (``com.android.contacts``): a scrollable list sorted by name, a "Create
   contact" button opening a form (name, phone, Save), a contact's page with Delete, and a
   long press on a row asking "Delete contact?".
@@ -31,6 +35,7 @@ from typing import Any, Callable
 from xml.sax.saxutils import quoteattr
 
 from .device import KEYS, DeviceError, StartState, split_setting
+from .layout import APPS, TOGGLES, Layout
 
 __all__ = ["SimulatedPhone", "APPS", "DEFAULT_SETTINGS", "TOGGLES"]
 
@@ -39,18 +44,9 @@ _STATUS_BOTTOM, _APPBAR_BOTTOM, _NAV_TOP = 84, 252, 2274
 _ROW = 168
 _DIALOG = (96, 900, 984, 1400)
 
-#: App name -> package, for the apps the simulated phone has.
-APPS: dict[str, str] = {"Settings": "com.android.settings", "Contacts": "com.android.contacts",
-                        "Notes": "com.rlfactory.notes"}
 _LAUNCHER = "com.android.launcher3"
 _SYSTEMUI = "com.android.systemui"
-
-#: The settings rows: (title, setting, value when on, value when off).
-_TOGGLES = (("Wi-Fi", "global/wifi_on", "1", "0"), ("Bluetooth", "global/bluetooth_on", "1", "0"),
-            ("Airplane mode", "global/airplane_mode_on", "1", "0"), ("Do not disturb", "global/zen_mode", "1", "0"),
-            ("Dark theme", "secure/ui_night_mode", "2", "1"))
-#: The settings rows the Settings app shows, public: (title, setting, value when on, value when off).
-TOGGLES = _TOGGLES
+_TOGGLE_OF = {title: (title, name, on, off) for title, name, on, off in TOGGLES}
 DEFAULT_SETTINGS: dict[str, str] = {"global/wifi_on": "1", "global/bluetooth_on": "0",
                                     "global/airplane_mode_on": "0", "global/zen_mode": "0",
                                     "secure/ui_night_mode": "1"}
@@ -126,6 +122,7 @@ class SimulatedPhone:
         self.settings: dict[str, str] = dict(DEFAULT_SETTINGS)
         self.contacts: list[tuple[str, str]] = []
         self.notes: list[str] = []
+        self.layout = Layout()
         self._stack: list[tuple[str, Any]] = [("home", None)]  # (screen, its state)
         self._dialog: tuple[str, Callable[[], None]] | None = None  # (question, what Delete does)
         self._scroll = 0
@@ -227,6 +224,7 @@ class SimulatedPhone:
             self.settings = {**DEFAULT_SETTINGS, **start.settings}
             self.contacts = list(start.contacts)
             self.notes = list(start.notes)
+            self.layout = start.layout
             self._go_home()
             if start.app is not None:
                 if start.app not in apps:
@@ -320,8 +318,8 @@ class SimulatedPhone:
 
     def _home(self, package: str, state: Any) -> list[_Node]:
         icons = []
-        for i, (name, app) in enumerate(APPS.items()):
-            x = 60 + i * 330
+        for i, name in enumerate(self.layout.home):
+            app, x = APPS[name], 60 + i * 330
             icons.append(_Node("android.widget.TextView", (x, 1900, x + 300, 2150), package, text=name, desc=name,
                                resource_id=f"{package}:id/icon", clickable=True, long_clickable=True,
                                on_tap=lambda app=app: self.open_app(app)))
@@ -330,7 +328,7 @@ class SimulatedPhone:
 
     def _settings(self, package: str, state: Any) -> list[_Node]:
         rows = [self._title(package, "Settings")]
-        for i, (title, name, on, off) in enumerate(_TOGGLES):
+        for i, (title, name, on, off) in enumerate(_TOGGLE_OF[title] for title in self.layout.settings):
             checked = self.settings.get(name) == on
 
             def toggle(name=name, on=on, off=off):

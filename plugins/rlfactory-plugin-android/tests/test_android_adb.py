@@ -30,7 +30,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlfactory_android import adb
+from rlfactory_android import adb, adb_pool
 from rlfactory_android.adb import (AdbDevice, AdbDevicePool, escape_input_text, input_text_commands, key_command,
                                    list_devices, long_press_command, parse_devices, parse_screen_size, swipe_command,
                                    tap_command)
@@ -465,7 +465,7 @@ async def test_every_device_unhealthy_is_an_error_and_they_are_retried_later(fak
     # the pool's own clock, moved by hand: on a loaded machine the health checks (a process
     # each) may take longer than any short real retry delay
     now = [1000.0]
-    monkeypatch.setattr(adb, "time", type("clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(adb_pool, "time", type("clock", (), {"monotonic": staticmethod(lambda: now[0])}))
     monkeypatch.setenv("FAKE_ADB_DEAD", "dead-1,dead-2")
     pool = AdbDevicePool(["dead-1", "dead-2"], adb_path=fake.path, timeout_s=5, retry_after_s=30)
     with pytest.raises(DeviceError, match="every Android device failed its health check \\(dead-1, dead-2\\)"):

@@ -16,7 +16,7 @@ from rlfactory_core.testing import ConcurrentToolManager, ScriptedBackend
 from rlfactory_android import AndroidEnv, AndroidTaskReward, SimulatedPhone, StartState, parse_ui, render_screen
 from rlfactory_android.device import Check, DeviceError
 from rlfactory_android.env import evaluate_check
-from rlfactory_android.tasks import BUILTIN_DIR, builtin_tasks, load_tasks
+from rlfactory_android.tasks import BUILTIN_DIR, BUILTIN_SPLITS, builtin_tasks, load_tasks
 
 APPS = {"Settings": "com.android.settings", "Contacts": "com.android.contacts", "Notes": "com.rlfactory.notes"}
 
@@ -435,10 +435,13 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
             opened, tapped = trajectory.tool_results
             assert opened.content.startswith("Opened Settings.\nScreen: com.android.settings")
             assert re.match(r'Tapped element \d+ \(LinearLayout "Wi-Fi"\)\.\n', tapped.content)
-            assert '"Wi-Fi" unchecked' in tapped.content
+        assert '"Wi-Fi" unchecked' in trajectories[0].tool_results[1].content
         right, wrong = (t.env_state for t in trajectories)
         assert (right["success"], right["check"]) == (True, "global/wifi_on = 0")
-        assert (wrong["success"], wrong["check"]) == (False, "global/zen_mode = 1")
+        # the wrong row leaves Do not disturb on, and switching Wi-Fi is a side effect, named
+        wifi_before = samples[1]["start"]["settings"]["global/wifi_on"]
+        assert (wrong["success"], wrong["check"]) == (
+            False, f"global/zen_mode = 1; also changed: global/wifi_on {wifi_before} -> {1 - int(wifi_before)}")
         assert right["released"] and wrong["released"]  # closed by the loop: checked, phone given back
         scored = await built.rewards.score(trajectories, samples)
         assert scored.totals == [1.0, 0.0] and scored.correct == [True, False]
@@ -453,16 +456,18 @@ async def test_episodes_through_the_agent_loop_and_the_reward_layer():
 
 
 def test_the_built_in_task_files_are_what_builtin_tasks_makes():
-    for split in ("train", "validation", "test"):
+    assert BUILTIN_SPLITS == ("train", "validation", "test", "test_layouts")
+    for split in BUILTIN_SPLITS:
         lines = (BUILTIN_DIR / f"{split}.jsonl").read_text().splitlines()
         assert [json.loads(line) for line in lines] == builtin_tasks(split)
-    train, validation, test = (load_tasks(BUILTIN_DIR / f"{split}.jsonl") for split in ("train", "validation", "test"))
+    train, validation, test, layouts = (load_tasks(BUILTIN_DIR / f"{split}.jsonl") for split in BUILTIN_SPLITS)
     kinds = {"setting", "contact_exists", "contact_absent", "text_field", "note_exists"}
     assert {t.check.kind for t in train} == {t.check.kind for t in validation} == kinds
     assert len(validation) == len(test) == 28
     names = lambda tasks: {t.check.name for t in tasks if t.check.kind.startswith("contact")}  # noqa: E731
     notes = lambda tasks: {t.check.value for t in tasks if t.check.kind == "note_exists"}  # noqa: E731
-    for one, other in ((train, test), (train, validation), (validation, test)):  # contacts and notes unseen
+    assert len(layouts) >= 60 and {t.check.kind for t in layouts} == kinds
+    for one, other in ((train, test), (train, validation), (validation, test), (train, layouts)):  # unseen
         assert not names(one) & names(other) and not notes(one) & notes(other)
     assert AndroidEnv(few_shot=False).dataset(None, "validation")[0]["id"] == "validation-setting-wifi_on-on"
 

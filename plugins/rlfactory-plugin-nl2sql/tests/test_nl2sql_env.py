@@ -103,7 +103,7 @@ def test_bad_env_options_are_all_reported_at_once(tmp_path):
 
 
 def test_an_unknown_split_or_size_is_a_config_error(env):
-    with pytest.raises(ConfigError, match=r"no 'dev' split \(splits: train, validation, test\); add it"):
+    with pytest.raises(ConfigError, match=r"no 'dev' split \(splits: train, validation, test, test_wordings, test_skeletons\); add it"):
         env.dataset(4, "dev")
     with pytest.raises(ConfigError, match="whole number"):
         env.dataset(-1, "test")
