@@ -29,7 +29,7 @@ ENVS = ("deepsearch", "nl2sql", "android")
 #: More splits per env, fingerprinted like the test split: the training split (what a test item
 #: must not equal) and the splits that test beyond the training templates (issue 40).
 MORE_SPLITS = {"deepsearch": ("train", "test_wordings", "test_composition", "test_counterfactual"),
-               "nl2sql": ("train", "test_wordings", "test_skeletons"), "android": ("train",)}
+               "nl2sql": ("train", "test_wordings", "test_skeletons"), "android": ("train", "test_layouts")}
 #: Data files a score depends on beside the samples (hashed byte for byte), by env.
 DATA_FILES = {"deepsearch": ("corpus.jsonl", "corpus_counterfactual.jsonl"),
               "nl2sql": ("database/world/world.sqlite", "database/world_perturbed/world_perturbed.sqlite")}
@@ -43,6 +43,9 @@ TASK_MODULES = (
     "rlfactory_nl2sql.facts",  # the facts and the check database's perturbation
     "rlfactory_nl2sql.data",  # the templates and the questions
     "rlfactory_nl2sql.generalisation",  # the splits beyond the templates
+    "rlfactory_android.layout",  # the layouts of the simulated phone
+    "rlfactory_android.checks",  # the success check with side effects
+    "rlfactory_android.demonstrations",  # the warm-up's scripted solver
 )
 #: The modules whose code decides whether an answer counts (normalisation and metrics).
 METRIC_MODULES = (
