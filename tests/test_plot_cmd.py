@@ -159,8 +159,6 @@ def an_empty_dir(tmp):
     (lambda tmp: write_run(tmp / "r", []), "{tmp}/r/metrics.jsonl has 0 record(s) but no step with a metric"),
     (lambda tmp: write_run(tmp / "r", [{"step": 0, "time": 1.0}, {"reward/mean": 0.5}]),
      "{tmp}/r/metrics.jsonl has 2 record(s) but no step with a metric"),
-    (lambda tmp: write_run(tmp / "r", tail='garbage\n{"step": 9}\n'),  # line 7 of 8: not a torn tail
-     "damaged metrics file: {tmp}/r/metrics.jsonl:7: not a JSON object"),
 ])
 def test_errors_are_one_line_with_a_hint(rlf, tmp_path, make, message):
     code, out, err = rlf("plot", str(make(tmp_path)))
@@ -168,6 +166,15 @@ def test_errors_are_one_line_with_a_hint(rlf, tmp_path, make, message):
     assert err.startswith("Error: " + message.format(tmp=tmp_path))
     assert err.count("\n") == 2 and "hint: " in err
     assert not list(tmp_path.rglob("curves.png"))
+
+
+@pytest.mark.xfail(strict=True, reason="issue 41 bug 11: a damaged middle line stops rlf plot")
+def test_a_damaged_middle_line_is_skipped_and_named_as_the_ui_does(rlf, tmp_path):
+    run = write_run(tmp_path / "r", tail='garbage\n{"step": 9}\n')  # line 7 of 8: not a torn tail
+    code, out, err = rlf("plot", str(run))
+    assert code == 0 and out.strip() == str(run / "curves.png")
+    assert err.strip() == f"Warning: skipped line 7 of {run / 'metrics.jsonl'}: not a JSON object"
+    assert png_size(run / "curves.png") == (1200, 950)
 
 
 @pytest.mark.parametrize("target, message", [
