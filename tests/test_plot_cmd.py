@@ -168,7 +168,6 @@ def test_errors_are_one_line_with_a_hint(rlf, tmp_path, make, message):
     assert not list(tmp_path.rglob("curves.png"))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 11: a damaged middle line stops rlf plot")
 def test_a_damaged_middle_line_is_skipped_and_named_as_the_ui_does(rlf, tmp_path):
     run = write_run(tmp_path / "r", tail='garbage\n{"step": 9}\n')  # line 7 of 8: not a torn tail
     code, out, err = rlf("plot", str(run))

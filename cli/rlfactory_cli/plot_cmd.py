@@ -1,7 +1,8 @@
 """``rlf plot RUN_DIR``: a run's main curves in one PNG, for a paper or a README.
 
 The numbers come from ``metrics.jsonl`` through :func:`rlfactory_core.metrics.read_metrics`,
-so a run killed mid-write (a torn last line) still plots; ``config.yaml`` only names the env
+so a run killed mid-write (a torn last line) still plots, and a damaged line before the last is
+skipped and named on stderr (as `rlf ui` does); ``config.yaml`` only names the env
 and model in the title. A panel is drawn only when the run logged its metrics, so the same
 command works for a run with or without evaluation, a cold start, tools or a KL term.
 
@@ -29,7 +30,7 @@ import typer
 from rlfactory_core.errors import RLFactoryError
 from rlfactory_core.metrics import METRICS_FILE, read_metrics
 
-from .console import out
+from .console import err, out
 
 __all__ = ["plot", "plot_run", "panels_for", "series", "draw_figure"]
 
@@ -99,15 +100,17 @@ def _read_run(run_dir: Path) -> list[dict]:
     if not (run_dir / METRICS_FILE).is_file():
         raise RLFactoryError(f"{run_dir} is not a run: it has no {METRICS_FILE}",
                              hint="give the directory `rlf train` wrote (runs/<env>-<date>-<time>)")
+    damaged: list[int] = []
     try:
-        return read_metrics(run_dir)
-    except ValueError as exc:  # it names the file and line
-        raise RLFactoryError(f"damaged metrics file: {exc}",
-                             hint="only a torn last line (a killed run) is skipped; mend or delete the line "
-                                  "named") from None
+        records = read_metrics(run_dir, damaged=damaged)
     except OSError as exc:
         raise RLFactoryError(f"cannot read {run_dir / METRICS_FILE}: {exc.strerror or exc}",
                              hint="check the file's permissions") from None
+    # as rlf ui does: one damaged line must not hide the rest of the run, but it is named
+    for number in damaged:
+        err.print(f"Warning: skipped line {number} of {run_dir / METRICS_FILE}: not a JSON object",
+                  markup=False, highlight=False, soft_wrap=True)
+    return records
 
 
 def _run_config(run_dir: Path) -> dict:
