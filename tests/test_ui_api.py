@@ -220,3 +220,38 @@ def test_stop_signals_only_the_process_that_holds_the_run(client, runs_dir):
         import shutil
 
         shutil.rmtree(run)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 41 bug 6: some files symlinked out of the runs directory are read")
+def test_every_file_symlinked_out_of_the_runs_directory_is_refused_with_the_reason(ui_runs_dir, tmp_path_factory):
+    """README: a file symlinked out of the runs directory is not read, whichever file it is,
+    and the run page says why (before, metrics, plugins and trajectories were read and shown
+    while config.yaml and log.txt were refused silently)."""
+    outside = tmp_path_factory.mktemp("elsewhere")
+    runs_dir = tmp_path_factory.mktemp("ui-links") / "runs"
+    run = runs_dir / "linked"
+    shutil.copytree(ui_runs_dir / "tiny", run, symlinks=True)
+    (run / "log.txt").write_text("the run's own log\n")
+    for name in ("metrics.jsonl", "plugins.yaml", "config.yaml", "log.txt"):
+        shutil.copy(run / name, outside / name)
+        (outside / name).write_text((outside / name).read_text() + "\n# secret-outside\n"
+                                    if name.endswith(".yaml") or name == "log.txt" else (outside / name).read_text())
+        (run / name).unlink()
+        (run / name).symlink_to(outside / name)
+    shutil.move(str(run / "trajectories"), str(outside / "trajectories"))
+    (run / "trajectories").symlink_to(outside / "trajectories", target_is_directory=True)
+    client = TestClient(create_app(runs_dir, token=TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}",
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    page = client.get("/api/runs/linked").json()
+    refused = "a symlink out of the runs directory: not read"
+    for name in ("config.yaml", "metrics.jsonl", "plugins.yaml", "trajectories"):
+        assert page["errors"].get(name) == refused, (name, page["errors"])
+    assert page["config"] is None and page["config_text"] is None and page["plugins"] is None
+    assert page["recorded"] == {} and page["held_out"] is None
+    metrics = client.get("/api/runs/linked/metrics").json()
+    assert metrics["series"] == {} and metrics["errors"] == {"metrics.jsonl": refused}
+    console = client.get("/api/runs/linked/console").json()
+    assert console == {"log.txt": f"({refused})"}
+    listed = client.get("/api/runs/linked/trajectories", params={"kind": "eval"}).json()
+    assert listed["rows"] == [] and listed["errors"] == {"trajectories": refused}
+    assert "secret-outside" not in str(page) + str(console)
