@@ -222,7 +222,6 @@ def test_stop_signals_only_the_process_that_holds_the_run(client, runs_dir):
         shutil.rmtree(run)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 6: some files symlinked out of the runs directory are read")
 def test_every_file_symlinked_out_of_the_runs_directory_is_refused_with_the_reason(ui_runs_dir, tmp_path_factory):
     """README: a file symlinked out of the runs directory is not read, whichever file it is,
     and the run page says why (before, metrics, plugins and trajectories were read and shown

@@ -98,9 +98,11 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
         run_dir = data.run_dir(name)
         out = {}
         for file in ("console.txt", "log.txt"):
-            path = run_dir / file
-            if path.is_file() and data.inside(path):  # a symlink out of the runs directory is not read
-                out[file] = _tail(path, lines)
+            refused: dict[str, str] = {}
+            if data.readable(run_dir / file, refused):
+                out[file] = _tail(run_dir / file, lines)
+            elif refused:  # shown where the text would be, with the reason
+                out[file] = f"({refused[file]})"
         return out
 
     @app.get("/api/runs/{name}/trajectories")

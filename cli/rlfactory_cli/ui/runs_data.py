@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,8 +23,8 @@ from typing import Any, Callable
 
 from rlfactory_core.errors import RLFactoryError
 from rlfactory_core.metrics import read_metrics
-from rlfactory_core.records import RecordError, RunRecords, scalar_schema
-from rlfactory_core.run_status import read_status, still_exiting
+from rlfactory_core.records import RECORDS_DIR, RecordError, RunRecords, scalar_schema
+from rlfactory_core.run_status import STATUS_FILE, RunStatus, read_status, still_exiting
 
 from .security import PathRefused, run_dir_of
 
@@ -35,6 +36,8 @@ HELD_OUT_KEYS = ("eval/reward/accuracy", "eval/reward/mean")
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "status.json")
 #: Step files read side by side when a request reads many.
 READ_THREADS = 8
+#: Why a file of a run is not read: it leads out of the runs directory (README, `rlf ui`).
+REFUSED = "a symlink out of the runs directory: not read"
 
 
 def json_safe(value: Any) -> Any:
@@ -114,6 +117,32 @@ class RunsData:
         except (OSError, RuntimeError):  # a symlink loop
             return False
 
+    def readable(self, path: Path, errors: dict[str, str] | None = None, label: str | None = None) -> bool:
+        """Whether ``path`` exists and may be read: one that leads out of the runs directory
+        (a symlink, or inside a symlinked directory) is refused, whichever file it is, with
+        :data:`REFUSED` under ``label`` (its name) in ``errors``."""
+        if not os.path.lexists(path):
+            return False
+        if not self.inside(path):
+            if errors is not None:
+                errors[label or path.name] = REFUSED
+            return False
+        return path.exists()
+
+    def _records(self, run_dir: Path, errors: dict[str, str]) -> RunRecords | None:
+        """The run's recorded trajectories, None when its trajectories/ is refused."""
+        records = RunRecords(run_dir)
+        return records if self.readable(records.run_dir / RECORDS_DIR, errors) or \
+            not os.path.lexists(records.run_dir / RECORDS_DIR) else None
+
+    def _files(self, records: RunRecords | None, kind: str, errors: dict[str, str]) -> dict[int, Path]:
+        """``records.files(kind)`` less the files that lead out of the runs directory (each
+        named in ``errors`` as its step)."""
+        if records is None:
+            return {}
+        return {step: path for step, path in records.files(kind).items()
+                if self.readable(path, errors, f"{kind} step {step}")}
+
     def runs(self) -> list[dict[str, Any]]:
         """Every run, newest first, with its status, env, model, steps and held-out number."""
         if not self.runs_dir.is_dir():
@@ -133,8 +162,9 @@ class RunsData:
         return True
 
     def summary(self, run_dir: Path) -> dict[str, Any]:
-        status = read_status(run_dir)
         errors: dict[str, str] = {}
+        status = read_status(run_dir) if self.readable(run_dir / STATUS_FILE, errors) or \
+            not os.path.lexists(run_dir / STATUS_FILE) else RunStatus("unknown", message=f"{STATUS_FILE}: {REFUSED}")
         config = self._config(run_dir, errors)
         records = self._metric_records(run_dir, errors)
         held_out = None
@@ -166,19 +196,19 @@ class RunsData:
         summary = self.summary(run_dir)
         config = self._config(run_dir, errors)
         plugins = None
-        if (run_dir / "plugins.yaml").exists():
+        if self.readable(run_dir / "plugins.yaml", errors):
             try:
                 plugins = self._yaml(run_dir / "plugins.yaml")
             except Exception as exc:  # noqa: BLE001 - a damaged file is that part's error
                 errors["plugins.yaml"] = _one_line(exc)
-        records = RunRecords(run_dir)
+        records = self._records(run_dir, errors)
         recorded = {}
         try:
-            recorded = {kind: records.steps(kind) for kind in records.kinds()}
+            recorded = {kind: list(self._files(records, kind, errors)) for kind in records.kinds()} if records else {}
         except OSError as exc:
             errors["trajectories"] = _one_line(exc)
         config_text = None
-        if (run_dir / "config.yaml").exists() and self.inside(run_dir / "config.yaml"):
+        if self.readable(run_dir / "config.yaml"):
             try:
                 config_text = (run_dir / "config.yaml").read_text(encoding="utf-8", errors="replace")
             except OSError as exc:  # a directory by that name, unreadable
@@ -203,7 +233,7 @@ class RunsData:
         errors: dict[str, str] = {}
         series = None
         path = run_dir / "metrics.jsonl"
-        if path.exists():
+        if self.readable(path, errors):
             try:
                 series = cache(path)
             except (ValueError, OSError) as exc:
@@ -235,12 +265,12 @@ class RunsData:
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        records = RunRecords(self.run_dir(name))
-        files = records.files(kind)
-        steps = [step] if step is not None else list(files)
         errors: dict[str, str] = {}
+        records = self._records(self.run_dir(name), errors)
+        files = self._files(records, kind, errors)
+        steps = [step] if step is not None else list(files)
         if step is not None and step not in files:
-            errors[f"{kind} step {step}"] = f"no {kind} trajectories recorded at step {step}"
+            errors.setdefault(f"{kind} step {step}", f"no {kind} trajectories recorded at step {step}")
             steps = []
         tables = []
         for at, (table, error) in zip(steps, self._list_all([(files[s], kind, s) for s in steps])):
@@ -248,7 +278,7 @@ class RunsData:
                 errors[f"{kind} step {at}"] = error
             else:
                 tables.append(table)
-        table = self._combined((records.run_dir, kind), tables) if step is None else \
+        table = self._combined((self.run_dir(name), kind), tables) if step is None else \
             tables[0] if tables else scalar_schema().empty_table()
         keep = []  # boolean masks; a null (no reward, no stop reason) drops the row
         if min_reward is not None:
@@ -279,15 +309,25 @@ class RunsData:
                           "errors": errors})
 
     def trajectory(self, name: str, kind: str, step: int, index: int) -> dict[str, Any]:
-        return json_safe(RunRecords(self.run_dir(name)).trajectory(kind, step, index))
+        records = self._readable_records(name)
+        if step not in self._files(records, kind, {}) and step in records.files(kind):
+            raise RecordError(f"{kind} step {step}: {REFUSED}")
+        return json_safe(records.trajectory(kind, step, index))
+
+    def _readable_records(self, name: str) -> RunRecords:
+        """The run's records, :class:`RecordError` when its trajectories/ leads out of the runs directory."""
+        records = self._records(self.run_dir(name), {})
+        if records is None:
+            raise RecordError(f"{RECORDS_DIR}: {REFUSED}")
+        return records
 
     def same_sample(self, name: str, kind: str, sample_id: str) -> dict[str, Any]:
         """``sample_id``'s trajectories at every recorded step (the same eval question across
         checkpoints), whole but for their token arrays (``sequences`` is ``[]``: a trajectory
         opened alone has them): the conversations, without reading every step's tokens."""
-        records = RunRecords(self.run_dir(name))
-        files = records.files(kind)
         wanted, errors = [], {}
+        records = self._records(self.run_dir(name), errors)
+        files = self._files(records, kind, errors)
         listed = self._list_all([(path, kind, step) for step, path in files.items()])
         for step, (table, error) in zip(files, listed):
             if error:
@@ -297,7 +337,7 @@ class RunsData:
                 if sample == sample_id:
                     wanted.append((step, index))
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            found = list(pool.map(lambda at: records.trajectory(kind, *at, tokens=False), wanted))
+            found = list(pool.map(lambda at: records.trajectory(kind, *at, tokens=False), wanted)) if records else []
         return json_safe({"sample_id": sample_id, "kind": kind, "trajectories": found, "errors": errors})
 
     def prefetch(self, name: str, steps: dict[str, list[int]] | None = None) -> Future[None]:
@@ -386,7 +426,7 @@ class RunsData:
 
     def _config(self, run_dir: Path, errors: dict[str, str]) -> dict[str, Any] | None:
         path = run_dir / "config.yaml"
-        if not path.exists():
+        if not self.readable(path, errors):
             return None
         try:
             config = self._yaml(path)
@@ -400,7 +440,7 @@ class RunsData:
 
     def _metric_records(self, run_dir: Path, errors: dict[str, str]) -> list[dict[str, Any]]:
         path = run_dir / "metrics.jsonl"
-        if not path.exists():
+        if not self.readable(path, errors):
             return []
         try:
             records, bad = self._metrics(path)
