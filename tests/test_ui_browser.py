@@ -164,7 +164,6 @@ def test_a_run_made_before_records_and_a_damaged_run_still_open(browser, served)
     assert "metrics.jsonl" in page_text(browser, "#main")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 7: the held-out plot joins base to final, cold start a lone dot")
 def test_base_cold_start_and_rl_evals_are_one_series_in_order_marked_by_phase(browser, served):
     run = served["runs"] / "warmed"
     run.mkdir()

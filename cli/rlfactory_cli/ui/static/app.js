@@ -151,7 +151,7 @@ async function showRuns() {
 
 const PANELS = [
   {title: "Reward (training)", keys: ["reward/mean", "reward/accuracy"]},
-  {title: "Held-out", keys: ["eval/reward/accuracy", "eval/reward/mean", "cold_start/eval/reward/accuracy"]},
+  {title: "Held-out", keys: ["eval/reward/accuracy", "eval/reward/mean"]},
   {title: "Tool calls per trajectory", keys: ["tools/calls_per_trajectory", "eval/tools/calls_per_trajectory"]},
   {title: "Tool error rate", keys: ["tools/error_rate", "eval/tools/error_rate"]},
   {title: "Stop reasons (training)", prefix: "rollout/stop/", stack: true},
@@ -165,6 +165,17 @@ const PANELS = [
   {title: "Step time by phase (s)", keys: ["time/rollout", "time/reward", "time/train", "time/weight_sync",
                                            "time/eval", "time/checkpoint"], bars: true},
 ];
+
+// An eval metric as one series in the order the model went: the base model (step 0), the
+// model after the warm-up (cold_start/..., step 0 too), then each RL step; marked by phase.
+function phases(series, key) {
+  const points = series[key] || [];
+  const marked = [...points.filter(p => p[0] === 0).map(p => [p, "base model", "circle-open"]),
+                  ...(series[`cold_start/${key}`] || []).map(p => [p, "after the warm-up", "star"]),
+                  ...points.filter(p => p[0] > 0).map(p => [p, `RL step ${p[0]}`, "circle"])];
+  return {x: marked.map(m => m[0][0]), y: marked.map(m => m[0][1]), text: marked.map(m => m[1]),
+          marker: {symbol: marked.map(m => m[2]), size: marked.map(m => m[2] === "star" ? 11 : 7)}};
+}
 
 async function showRun(name) {
   document.title = `${name} · rlf ui`;
@@ -227,6 +238,7 @@ async function showRun(name) {
       let el = panels.get(panel.title);
       if (!el) { el = h("div", {class: "plot", dataset: {panel: panel.title}}); panels.set(panel.title, el); plots.append(el); }
       const traces = keys.map(k => {
+        if (k.startsWith("eval/")) return {...phases(series, k), name: k, type: "scatter", mode: "lines+markers"};
         const points = series[k].filter(p => !panel.bars || p[0] > 0);
         return {x: points.map(p => p[0]), y: points.map(p => p[1]), name: panel.prefix ? k.slice(panel.prefix.length) : k,
                 type: panel.bars ? "bar" : "scatter", mode: "lines+markers", stackgroup: panel.stack ? "one" : undefined};
