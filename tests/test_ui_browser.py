@@ -190,22 +190,21 @@ def test_base_cold_start_and_rl_evals_are_one_series_in_order_marked_by_phase(br
     shutil.rmtree(run)  # the other tests count the runs
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 8: drift colours are scaled per sequence, with no scale shown")
 def test_drift_colours_use_a_fixed_shown_scale_and_tooltips_show_small_drifts(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.run"), message="the runs list")
     shown = browser.execute_script(
         "const s = {token_ids: [1, 2, 3, 4], pieces: ['a', 'b', 'c', 'd'], segment: [0, 1, 1, 1],"
         " loss_mask: [0, 1, 1, 1], sampler_logprob: [null, -1.0, -1.0, -1.0],"
-        " trainer_logprob: [null, -1.0 + 4e-5, -0.95, -1.2]};"
+        " trainer_logprob: [null, -1.0 + 4e-5, -0.9375, -1.2]};"
         "const box = tokenView(s, 'drift'); document.body.append(box);"
         "const colours = [...box.querySelectorAll('.tok')].map(t => getComputedStyle(t).backgroundColor);"
         "box.querySelectorAll('.tok')[1].dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));"
         "const tip = document.getElementById('tooltip').textContent; box.remove();"
         "return [colours, tip, COLOUR_MODES.drift.legend.map(l => l[1]).join(' | ')];")
     colours, tip, legend = shown
-    # a drift of 4e-5 nat is as good as none: white, not full blue; 0.05 half; -0.2 past the scale: full red
-    assert colours == ["rgb(248, 248, 248)", "rgb(255, 255, 255)", "rgb(163, 193, 243)", "rgb(220, 60, 60)"]
+    # a drift of 4e-5 nat is as good as none: white, not full blue; 0.0625 at 5/8; -0.2 past the scale: full red
+    assert colours == ["rgb(248, 248, 248)", "rgb(255, 255, 255)", "rgb(139, 177, 239)", "rgb(220, 60, 60)"]
     assert "drift 4.00e-5" in tip and "-0.0000" not in tip
     assert "0.1 nat" in legend
 

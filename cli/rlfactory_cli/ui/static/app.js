@@ -361,15 +361,19 @@ function diverging(value, scale) {  // blue above 0, red below, white at 0
   return t >= 0 ? `rgb(${fade(70)}, ${fade(130)}, ${fade(230)})` : `rgb(${fade(220)}, ${fade(60)}, ${fade(60)})`;
 }
 
+const DRIFT_SCALE = 0.1;  // nats of trainer − sampler logprob drawn in full colour
+
 const COLOUR_MODES = {
   mask: {label: "loss mask", colour: (s, i) => MASK_COLOURS[s.loss_mask[i] ? 1 : 0],
          legend: [[MASK_COLOURS[1], "trained (loss mask 1)"], [MASK_COLOURS[0], "not trained (prompt, tool results)"]]},
   advantage: {label: "advantage", colour: (s, i, scale) => diverging(s.advantage[i], scale.advantage),
               legend: [[diverging(1, 1), "positive"], [diverging(-1, 1), "negative"], [NONE, "none"]]},
+  // a fixed scale, not the sequence's largest: a 4e-5-nat drift is no drift, whatever else is in the sequence
   drift: {label: "logprob drift (trainer − sampler)",
-          colour: (s, i, scale) => s.trainer_logprob[i] === null || s.sampler_logprob[i] === null ? NONE
-            : diverging(s.trainer_logprob[i] - s.sampler_logprob[i], scale.drift),
-          legend: [[diverging(1, 1), "trainer higher"], [diverging(-1, 1), "sampler higher"], [NONE, "not scored"]]},
+          colour: (s, i) => s.trainer_logprob[i] === null || s.sampler_logprob[i] === null ? NONE
+            : diverging(s.trainer_logprob[i] - s.sampler_logprob[i], DRIFT_SCALE),
+          legend: [[diverging(1, 1), `trainer higher (full at +${DRIFT_SCALE} nat)`],
+                   [diverging(-1, 1), `sampler higher (full at −${DRIFT_SCALE} nat)`], [NONE, "not scored"]]},
   logprob: {label: "sampler probability", colour: (s, i) => s.sampler_logprob[i] === null ? NONE
               : diverging(-(1 - Math.exp(s.sampler_logprob[i])), 1),
             legend: [["rgb(255, 255, 255)", "p = 1"], [diverging(-1, 1), "p → 0"], [NONE, "not sampled"]]},
@@ -383,6 +387,13 @@ COLOUR_MODES.version = {label: "policy version (staleness)",
            [VERSION_COLOURS[2], "2 older"], [VERSION_COLOURS[3], "3 or more older"], [NONE, "not sampled"]]};
 const SEGMENTS = ["prompt", "model", "observation"];
 
+// a number for a tooltip: 4 decimals, or scientific notation where those would show nothing (4.00e-5)
+function sci(value) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  if (value !== 0 && Math.abs(value) < 5e-4) return value.toExponential(2);
+  return value.toFixed(4);
+}
+
 function tokenView(sequence, mode) {
   for (const key of ["token_ids", "pieces", "segment", "turn", "loss_mask", "sampler_logprob", "trainer_logprob",
                      "advantage", "policy_version"]) sequence[key] = sequence[key] || [];
@@ -394,8 +405,7 @@ function tokenView(sequence, mode) {
   };
   let newest = -1;
   for (const v of sequence.policy_version) if (v !== null && v > newest) newest = v;
-  const scale = {advantage: maxAbs(sequence.advantage), newest,
-                 drift: maxAbs(sequence.trainer_logprob.map((t, i) => t === null || sequence.sampler_logprob[i] === null ? null : t - sequence.sampler_logprob[i]))};
+  const scale = {advantage: maxAbs(sequence.advantage), newest};
   const box = h("div", {class: "tokens", id: "tokens"});
   const spans = [];
   for (let i = 0; i < n; i++) {
@@ -418,8 +428,8 @@ function tokenView(sequence, mode) {
     const drift = s.trainer_logprob[i] === null || s.sampler_logprob[i] === null ? null : s.trainer_logprob[i] - s.sampler_logprob[i];
     tooltip.textContent = [`token ${i}  id ${s.token_ids[i]}  ${JSON.stringify(s.pieces[i])}`,
       `${SEGMENTS[s.segment[i]]}, turn ${s.turn[i]}, loss mask ${s.loss_mask[i]}`,
-      `sampler logprob ${fmt(s.sampler_logprob[i], 4)}  trainer logprob ${fmt(s.trainer_logprob[i], 4)}  drift ${fmt(drift, 4)}`,
-      `advantage ${fmt(s.advantage[i], 4)}  policy version ${s.policy_version[i]}`].join("\n");
+      `sampler logprob ${sci(s.sampler_logprob[i])}  trainer logprob ${sci(s.trainer_logprob[i])}  drift ${sci(drift)}`,
+      `advantage ${sci(s.advantage[i])}  policy version ${s.policy_version[i]}`].join("\n");
     tooltip.hidden = false;
     const r = el.getBoundingClientRect();
     tooltip.style.left = `${Math.min(r.left, window.innerWidth - 460)}px`;
