@@ -254,3 +254,30 @@ def test_every_file_symlinked_out_of_the_runs_directory_is_refused_with_the_reas
     listed = client.get("/api/runs/linked/trajectories", params={"kind": "eval"}).json()
     assert listed["rows"] == [] and listed["errors"] == {"trajectories": refused}
     assert "secret-outside" not in str(page) + str(console)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 41 bug 9: same-sample leaves out the cold-start eval and repeats the prompt")
+def test_the_same_sample_view_has_every_evaluation_in_order_and_its_shared_prompt_once(ui_runs_dir, tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("ui-same") / "runs"
+    shutil.copytree(ui_runs_dir / "tiny", runs_dir / "warm", symlinks=True)
+    records = runs_dir / "warm" / "trajectories"
+    (records / "cold_start_eval").mkdir()
+    shutil.copy(records / "eval" / "step-000000.parquet", records / "cold_start_eval" / "step-000000.parquet")
+    client = TestClient(create_app(runs_dir, token=TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}",
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    sample = RunRecords(runs_dir / "warm").list("eval", 1)[0]["sample_id"]
+    same = client.get("/api/runs/warm/same-sample", params={"kind": "eval", "sample_id": sample}).json()
+    shown = [(t["kind"], t["step"], t["phase"]) for t in same["trajectories"]]
+    assert shown == [("eval", 0, "base model"), ("cold_start_eval", 0, "after the warm-up"),
+                     ("eval", 1, "step 1"), ("eval", 2, "step 2")]
+    assert same["title"] == f"{sample} at every evaluation"
+    # the prompt every column shares (system, question) is sent once, not once per column
+    base = next(r for r in RunRecords(runs_dir / "warm").list("eval", 0) if r["sample_id"] == sample)
+    whole = RunRecords(runs_dir / "warm").trajectory("eval", 0, base["index"])["messages"]
+    assert same["shared"] >= 1 and same["shared_messages"] == whole[:same["shared"]]
+    assert same["trajectories"][0]["messages"] == whole[same["shared"]:]
+    member = RunRecords(runs_dir / "warm").list("train", 1)[0]["sample_id"]
+    group = client.get("/api/runs/warm/same-sample", params={"kind": "train", "sample_id": member}).json()
+    steps = sorted({t["step"] for t in group["trajectories"]})
+    assert steps and group["title"] == (f"{member} in train step {steps[0]}'s group" if len(steps) == 1
+                                        else f"{member} across train steps")
