@@ -256,7 +256,6 @@ def test_every_file_symlinked_out_of_the_runs_directory_is_refused_with_the_reas
     assert "secret-outside" not in str(page) + str(console)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 9: same-sample leaves out the cold-start eval and repeats the prompt")
 def test_the_same_sample_view_has_every_evaluation_in_order_and_its_shared_prompt_once(ui_runs_dir, tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("ui-same") / "runs"
     shutil.copytree(ui_runs_dir / "tiny", runs_dir / "warm", symlinks=True)

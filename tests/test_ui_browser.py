@@ -209,6 +209,27 @@ def test_drift_colours_use_a_fixed_shown_scale_and_tooltips_show_small_drifts(br
     assert "0.1 nat" in legend
 
 
+@pytest.mark.xfail(strict=True, reason="issue 41 bug 9: eval opens on all steps, train on the latest")
+def test_every_kind_opens_on_its_latest_step_and_same_sample_reads_as_it_is(browser, served):
+    browser.get(f"{served['base']}/?token={TOKEN}")
+    browser.get(f"{served['base']}/#/run/tiny")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row"), message="the trajectory list")
+    recorded = api(served, "/api/runs/tiny")["recorded"]
+    assert browser.find_element(By.ID, "kind").get_attribute("value") == "eval"
+    assert browser.find_element(By.ID, "step").get_attribute("value") == str(recorded["eval"][-1])
+    Select(browser.find_element(By.ID, "kind")).select_by_value("train")
+    assert browser.find_element(By.ID, "step").get_attribute("value") == str(recorded["train"][-1])
+    sample = RunRecords(served["runs"] / "tiny").list("eval", 0)[0]["sample_id"]
+    browser.get(f"{served['base']}/#/run/tiny/same/eval/{sample}")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#same-sample-columns > div"), message="the columns")
+    assert page_text(browser, "h1") == f"{sample} at every evaluation"
+    headings = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#same-sample-columns h3")]
+    assert headings[0].startswith("base model") and headings[1].startswith("step 1")
+    shared = browser.find_element(By.ID, "shared-prompt")  # once, folded, above the columns
+    assert shared.tag_name == "details" and shared.get_attribute("open") is None
+    assert not browser.find_elements(By.CSS_SELECTOR, "#same-sample-columns .msg.system")
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""

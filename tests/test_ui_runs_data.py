@@ -109,10 +109,15 @@ def test_same_sample_across_steps_without_token_arrays(runs):
     steps = [(t["step"], t["index"]) for t in same["trajectories"]]
     assert steps == [(0, 2)] + [(step, i) for step in (1, 2, 3) for i in (2, 7)]
     opened = same["trajectories"][1]
-    assert opened["sequences"] == [] and opened["messages"][0]["content"] == "question 2" and not opened["text_only"]
+    assert opened["sequences"] == [] and not opened["text_only"]
+    assert (opened["kind"], opened["phase"]) == ("eval", "step 1")
+    # the question every column shares comes once, before them
+    assert same["shared_messages"][0]["content"] == "question 2"
     whole = RunRecords(runs / "run").trajectory("eval", 1, 2)
     assert whole["sequences"][0]["token_ids"] == [1, 2, 3]
-    assert {k: v for k, v in whole.items() if k != "sequences"} == {k: v for k, v in opened.items() if k != "sequences"}
+    assert whole["messages"] == same["shared_messages"] + opened["messages"]
+    assert {k: v for k, v in whole.items() if k not in ("sequences", "messages")} == \
+        {k: v for k, v in opened.items() if k not in ("sequences", "messages", "phase")}
 
 
 def test_a_trajectory_is_found_by_its_index_whatever_its_row(tmp_path):

@@ -322,23 +322,46 @@ class RunsData:
         return records
 
     def same_sample(self, name: str, kind: str, sample_id: str) -> dict[str, Any]:
-        """``sample_id``'s trajectories at every recorded step (the same eval question across
-        checkpoints), whole but for their token arrays (``sequences`` is ``[]``: a trajectory
-        opened alone has them): the conversations, without reading every step's tokens."""
+        """``sample_id``'s trajectories at every recorded step, whole but for their token arrays
+        (``sequences`` is ``[]``: a trajectory opened alone has them): the conversations, without
+        reading every step's tokens. For ``eval`` in the order the model went (the base model,
+        after the warm-up from ``cold_start_eval``, each step), each with its ``phase``; for
+        ``train``, the members of its group(s). The leading messages every trajectory shares (the
+        system prompt, few-shot examples, the question) come once, as ``shared_messages`` (their
+        number ``shared``), and each trajectory's ``messages`` start after them."""
         wanted, errors = [], {}
         records = self._records(self.run_dir(name), errors)
-        files = self._files(records, kind, errors)
-        listed = self._list_all([(path, kind, step) for step, path in files.items()])
-        for step, (table, error) in zip(files, listed):
-            if error:
-                errors[f"{kind} step {step}"] = error
-                continue
-            for index, sample in zip(table["index"].to_pylist(), table["sample_id"].to_pylist()):
-                if sample == sample_id:
-                    wanted.append((step, index))
+        kinds = [kind, "cold_start_eval"] if kind == "eval" else [kind]
+        for each in kinds:
+            files = self._files(records, each, errors)
+            listed = self._list_all([(path, each, step) for step, path in files.items()])
+            for step, (table, error) in zip(files, listed):
+                if error:
+                    errors[f"{each} step {step}"] = error
+                    continue
+                for index, sample in zip(table["index"].to_pylist(), table["sample_id"].to_pylist()):
+                    if sample == sample_id:
+                        wanted.append((each, step, index))
+        # base (eval step 0), then the warm-up, then the steps: the order the model went
+        wanted.sort(key=lambda at: (at[1] > 0, at[0] == "cold_start_eval", at[1], at[2]))
         with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-            found = list(pool.map(lambda at: records.trajectory(kind, *at, tokens=False), wanted)) if records else []
-        return json_safe({"sample_id": sample_id, "kind": kind, "trajectories": found, "errors": errors})
+            found = list(pool.map(lambda at: {**records.trajectory(at[0], at[1], at[2], tokens=False), "kind": at[0]},
+                                  wanted)) if records else []
+        for trajectory in found:
+            trajectory["phase"] = ("after the warm-up" if trajectory["kind"] == "cold_start_eval"
+                                   else "base model" if kind == "eval" and trajectory["step"] == 0
+                                   else f"step {trajectory['step']}")
+        talks = [t for t in found if t.get("messages")]  # a run made before records has text only
+        shared = _shared_prefix([t["messages"] for t in talks])
+        shared_messages = talks[0]["messages"][:shared] if talks else []
+        for trajectory in talks:
+            trajectory["messages"] = trajectory["messages"][shared:]
+        steps = sorted({t["step"] for t in found})
+        title = (f"{sample_id} at every evaluation" if kind == "eval"
+                 else f"{sample_id} in {kind} step {steps[0]}'s group" if len(steps) == 1
+                 else f"{sample_id} across {kind} steps")
+        return json_safe({"sample_id": sample_id, "kind": kind, "title": title, "trajectories": found,
+                          "shared": shared, "shared_messages": shared_messages, "errors": errors})
 
     def prefetch(self, name: str, steps: dict[str, list[int]] | None = None) -> Future[None]:
         """Read the run's step lists into the cache in the background (the run page asks for
@@ -457,6 +480,18 @@ def _metrics_file(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     one damaged line must not hide the rest of the run's curves)."""
     damaged: list[int] = []
     return read_metrics(path.parent, damaged=damaged), damaged
+
+
+def _shared_prefix(conversations: list[list[Any]]) -> int:
+    """How many leading messages every conversation has alike (0 for fewer than two)."""
+    if len(conversations) < 2:
+        return 0
+    count = 0
+    for messages in zip(*conversations):
+        if any(m != messages[0] for m in messages[1:]):
+            break
+        count += 1
+    return count
 
 
 def _json(value: Any) -> bytes:
