@@ -209,7 +209,6 @@ def test_drift_colours_use_a_fixed_shown_scale_and_tooltips_show_small_drifts(br
     assert "0.1 nat" in legend
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 9: eval opens on all steps, train on the latest")
 def test_every_kind_opens_on_its_latest_step_and_same_sample_reads_as_it_is(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")
     browser.get(f"{served['base']}/#/run/tiny")

@@ -298,7 +298,8 @@ function showTrajectoryList(box, name, recorded) {
     const steps = recorded[kind.value] || [];
     const current = step.value;
     put(step, h("option", {value: ""}, "all steps"), ...steps.map(s => h("option", {value: s}, `step ${s}`)));
-    const keep = current === "" && step.dataset.chosen === "all" || steps.includes(Number(current));
+    // every kind opens on its latest step ("all steps" only when chosen; Number("") is 0, a real eval step)
+    const keep = current === "" ? step.dataset.chosen === "all" : steps.includes(Number(current));
     step.value = keep ? current : String(steps[steps.length - 1]);
   }
 
@@ -529,9 +530,14 @@ async function showSameSample(name, kind, sampleId) {
   const {ok, body} = await api(`/api/runs/${enc(name)}/same-sample?kind=${enc(kind)}&sample_id=${enc(sampleId)}`);
   const back = h("a", {href: runLink(name)}, `← ${name}`);
   if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
-  put(main, back, h("h1", {}, `${sampleId} across ${kind} steps`), errorList(body.errors) || "",
+  // the prompt every column shares (system, few-shot examples, the question) once, folded: the
+  // model's own turns are what differs, and they start at the top of each column
+  const shared = body.shared ? h("details", {id: "shared-prompt"},
+    h("summary", {}, `the prompt every column shares (${body.shared} message${body.shared > 1 ? "s" : ""})`),
+    conversation({messages: body.shared_messages, tool_calls: []})) : null;
+  put(main, back, h("h1", {}, body.title), errorList(body.errors) || "", shared,
     h("div", {class: "side-by-side", id: "same-sample-columns"}, body.trajectories.map(r => h("div", {},
-      h("h3", {}, h("a", {href: `#/run/${enc(name)}/t/${enc(kind)}/${r.step}/${r.index}`}, `step ${r.step}`),
+      h("h3", {}, h("a", {href: `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`}, r.phase),
         ` · reward ${fmt(r.reward)}`),
       kv("final answer", h("span", {class: "mono"}, r.final_answer || "–"), "stop", r.stop_reason || "–",
         "turns", fmt(r.num_turns)),
