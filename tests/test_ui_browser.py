@@ -229,6 +229,54 @@ def test_every_kind_opens_on_its_latest_step_and_same_sample_reads_as_it_is(brow
     assert not browser.find_elements(By.CSS_SELECTOR, "#same-sample-columns .msg.system")
 
 
+@pytest.mark.xfail(strict=True, reason="issue 41 bug 10: long unbroken strings, wrapped tool names, console and config placement")
+def test_long_unbroken_text_wraps_tool_names_do_not_and_the_console_shows_its_tail(browser, served):
+    from rlfactory_core.records import write_records
+
+    run = served["runs"] / "wide"
+    long_answer, huge_result = "y" * 400, "z" * 5_000_000
+    record = {"step": 1, "kind": "eval", "index": 0, "sample_id": "q0", "group": -1, "reward": 0.0,
+              "final_answer": long_answer, "stop_reason": "no_tool_call",
+              "messages": [{"role": "user", "content": "Question: " + "w" * 300},
+                           {"role": "assistant", "content": "<search>x</search>", "turn": 0},
+                           {"role": "tool", "content": huge_result}],
+              "tool_calls": [{"turn": 0, "name": "search", "arguments": '{"query": "x"}', "result": huge_result}]}
+    write_records(run, "eval", 1, [record])
+    (run / "config.yaml").write_text("env: arithmetic\n")
+    (run / "log.txt").write_text("start\n" + "".join(f"train {p}%\r" for p in range(100)) + "train 100%\nend\n")
+    try:
+        browser.get(f"{served['base']}/?token={TOKEN}")
+        browser.get(f"{served['base']}/#/run/wide/t/eval/1/0")
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#conversation .msg"), message="the trajectory")
+        fits = "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+        assert browser.execute_script(fits), "an unbroken string made the page scroll sideways"
+        lines = browser.execute_script(  # the tool's name on one line, not "searc/h"
+            "const td = [...document.querySelectorAll('td')].find(t => t.textContent === 'search');"
+            "td.closest('table').style.width = '30px';"  # as narrow as a phone's column
+            "const r = document.createRange(); r.selectNodeContents(td); return r.getClientRects().length")
+        assert lines == 1
+        browser.find_element(By.XPATH, "//button[starts-with(., 'show all 5,000,000')]").click()
+        height = browser.execute_script(
+            "const b = [...document.querySelectorAll('.msg.tool .body')].pop();"
+            "return [b.textContent.length, b.getBoundingClientRect().height]")
+        assert height[0] == 5_000_000 and height[1] > 1000  # wrapped lines, not one blank line
+        assert browser.execute_script(fits)
+        browser.get(f"{served['base']}/#/run/wide")
+        wait(browser, lambda d: d.find_elements(By.ID, "console"), message="the run page")
+        config, table = browser.execute_script(
+            "return [document.getElementById('config').closest('details').getBoundingClientRect().top,"
+            " document.getElementById('trajectories').getBoundingClientRect().top]")
+        assert config < table  # config and console above the trajectory list, not under 200 rows
+        browser.execute_script("document.getElementById('console').closest('details').open = true")
+        wait(browser, lambda d: "end" in page_text(d, "#console"), message="the console")
+        assert page_text(browser, "#console").endswith("start\ntrain 100%\nend")  # one line per update folded
+        at_bottom = browser.execute_script(
+            "const c = document.getElementById('console'); return c.scrollTop + c.clientHeight >= c.scrollHeight - 2")
+        assert at_bottom
+    finally:
+        shutil.rmtree(run)
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""
