@@ -229,7 +229,6 @@ def test_every_kind_opens_on_its_latest_step_and_same_sample_reads_as_it_is(brow
     assert not browser.find_elements(By.CSS_SELECTOR, "#same-sample-columns .msg.system")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 10: long unbroken strings, wrapped tool names, console and config placement")
 def test_long_unbroken_text_wraps_tool_names_do_not_and_the_console_shows_its_tail(browser, served):
     from rlfactory_core.records import write_records
 

@@ -211,9 +211,14 @@ def _plotly_js() -> bytes:
 
 
 def _tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of ``path``, each as a terminal leaves it: a progress bar's
+    carriage-return updates folded into their last state (tqdm writes one per update)."""
     with open(path, "rb") as f:
         f.seek(0, 2)
         size = f.tell()
         f.seek(max(0, size - 200_000))
         text = f.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+    shown = [line.rstrip("\r").rsplit("\r", 1)[-1] for line in text.split("\n")]
+    if shown and shown[-1] == "":
+        shown.pop()
+    return "\n".join(shown[-lines:])

@@ -184,7 +184,7 @@ async function showRun(name) {
   const plotNote = h("div", {id: "plot-note"});
   const trajectories = h("div", {id: "trajectories"});
   const details = h("div");
-  put(main, head, plotNote, plots, h("h2", {}, "Trajectories"), trajectories, details);
+  put(main, head, plotNote, plots, details, h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
   const panels = new Map();
   let recorded = null;
   let acting = false;  // a resume just sent: its button stays off until the run says running
@@ -220,7 +220,8 @@ async function showRun(name) {
         h("details", {}, h("summary", {}, "config.yaml"), h("pre", {id: "config"}, body.config_text || "(none)")),
         h("details", {}, h("summary", {}, "plugins and versions"),
           h("table", {}, Object.entries(body.plugins || {}).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v))))),
-        h("details", {}, h("summary", {}, "console"), h("pre", {id: "console"})));
+        h("details", {ontoggle: e => { if (e.target.open) refreshConsole(); }}, h("summary", {}, "console"),
+          h("pre", {id: "console"})));
     }
     return body;
   }
@@ -256,7 +257,11 @@ async function showRun(name) {
     const pre = document.getElementById("console");
     if (!pre || !pre.parentElement.open) return;
     const {body} = await api(`/api/runs/${enc(name)}/console?lines=200`);
+    // the tail is what matters: it opens at the bottom and stays there, unless the reader scrolled up
+    const following = !pre.dataset.filled || pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 2;
     pre.textContent = Object.entries(body || {}).map(([f, t]) => `== ${f}\n${t}`).join("\n\n") || "(no output)";
+    pre.dataset.filled = "1";
+    if (following) pre.scrollTop = pre.scrollHeight;
   }
 
   async function refreshAll() {
@@ -446,7 +451,19 @@ const LONG_TEXT = 20000;
 function longText(text, cls = "body") {
   if (text.length <= LONG_TEXT) return h("div", {class: cls}, text);
   const box = h("div", {class: cls}, text.slice(0, LONG_TEXT));
-  const more = h("button", {type: "button", onclick: () => { box.textContent = text; more.remove(); }},
+  // in pieces: Chrome lays out one text node of millions of characters as one unbreakable line
+  // (blank, and the page millions of pixels wide), wrapping or not
+  const more = h("button", {type: "button", onclick: () => {
+    const pieces = [];
+    for (let at = 0; at < text.length;) {
+      let end = Math.min(text.length, at + LONG_TEXT);
+      if (end < text.length && /[\uDC00-\uDFFF]/.test(text[end])) end += 1;  // never half a surrogate pair
+      pieces.push(text.slice(at, end));
+      at = end;
+    }
+    box.replaceChildren(...pieces);
+    more.remove();
+  }},
                  `show all ${text.length.toLocaleString()} characters`);
   return h("div", {}, box, more);
 }
@@ -515,7 +532,7 @@ async function showTrajectory(name, kind, step, index) {
       sequences.length > 1 ? h("h3", {}, `sequence ${k + 1} of ${sequences.length}`) : null, tokenView(s, mode))));
   }
   drawTokens();
-  const callRows = (r.tool_calls || []).map(c => h("tr", {}, h("td", {}, fmt(c.turn)), h("td", {class: "mono"}, c.name),
+  const callRows = (r.tool_calls || []).map(c => h("tr", {}, h("td", {}, fmt(c.turn)), h("td", {class: "mono nowrap"}, c.name),
     h("td", {class: "mono"}, c.arguments), h("td", {class: c.error ? "error" : ""}, c.error || "ok"),
     h("td", {}, fmt(c.latency_s)), h("td", {class: "mono"}, (c.result || "").slice(0, 400))));
   parts.push(h("h2", {}, "Conversation"), conversation(r),
