@@ -294,7 +294,6 @@ return document.querySelectorAll("#tokens .tok").length;
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 1: a trajectory of ~125k tokens or more never opens")
 def test_a_trajectory_of_a_million_tokens_opens_recolours_and_scrolls_to_its_last_token(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.run"), message="the runs list")

@@ -400,6 +400,35 @@ function sci(value) {
   return value.toFixed(4);
 }
 
+// A long trajectory (a 128k-context agent's, a million tokens) is drawn in chunks of about CHUNK
+// tokens, each when it comes near the view; the rest wait as placeholders of about their height.
+// A chunk ends after a newline where one comes within CHUNK more tokens, so the text breaks where
+// it breaks; a chunk cut elsewhere starts on a new line, marked (.cont).
+const CHUNK = 1000;
+const LINE_EM = 1.7;  // .tokens line-height
+
+function tokenChunks(pieces, n) {
+  const chunks = [];
+  for (let start = 0; start < n;) {
+    let end = Math.min(n, start + CHUNK), cut = true;
+    for (let i = end; i < Math.min(n, start + 2 * CHUNK) && end < n; i++) {
+      if (String(pieces[i - 1] ?? "").includes("\n")) { end = i; cut = false; break; }
+    }
+    if (end >= n) cut = false;
+    chunks.push({start, end, cut});
+    start = end;
+  }
+  return chunks;
+}
+
+function setColourMode(box, mode) {  // recolours the drawn tokens; the others are drawn in it
+  box.colourMode = mode;
+  const {sequence, scale} = box;
+  for (const el of box.querySelectorAll(".tok")) {
+    el.style.background = COLOUR_MODES[mode].colour(sequence, Number(el.dataset.i), scale);
+  }
+}
+
 function tokenView(sequence, mode) {
   for (const key of ["token_ids", "pieces", "segment", "turn", "loss_mask", "sampler_logprob", "trainer_logprob",
                      "advantage", "policy_version"]) sequence[key] = sequence[key] || [];
@@ -411,19 +440,61 @@ function tokenView(sequence, mode) {
   };
   let newest = -1;
   for (const v of sequence.policy_version) if (v !== null && v > newest) newest = v;
-  const scale = {advantage: maxAbs(sequence.advantage), newest};
   const box = h("div", {class: "tokens", id: "tokens"});
-  const spans = [];
-  for (let i = 0; i < n; i++) {
-    const piece = String(sequence.pieces[i] ?? "");
-    // a visible mark for tokens that show nothing: a newline, an empty piece, tabs and the like
-    const marks = piece.includes("\n") ? " nl" : piece === "" ? " empty" : piece.trim() === "" && !piece.includes(" ") ? " ws" : "";
-    spans.push(h("span", {class: `tok seg-${sequence.segment[i]}${marks}`, dataset: {i, mask: sequence.loss_mask[i]},
-                          style: {background: COLOUR_MODES[mode].colour(sequence, i, scale)}}, sequence.pieces[i]));
+  Object.assign(box, {sequence, scale: {advantage: maxAbs(sequence.advantage), newest}, colourMode: mode});
+  const chunks = tokenChunks(sequence.pieces, n);
+  let perLine = 120;  // characters a line holds, measured once the view is on the page
+  const estimate = c => {
+    let lines = 1, run = 0;
+    for (let i = c.start; i < c.end; i++) {
+      const piece = String(sequence.pieces[i] ?? "");
+      const breaks = piece.split("\n");
+      run += breaks[0].length;
+      for (let b = 1; b < breaks.length; b++) { lines += 1 + Math.floor(run / perLine); run = breaks[b].length; }
+    }
+    return lines + Math.floor(run / perLine);
+  };
+  function draw(el, c) {
+    const spans = [];
+    for (let i = c.start; i < c.end; i++) {
+      const piece = String(sequence.pieces[i] ?? "");
+      // a visible mark for tokens that show nothing: a newline, an empty piece, tabs and the like
+      const marks = piece.includes("\n") ? " nl" : piece === "" ? " empty" : piece.trim() === "" && !piece.includes(" ") ? " ws" : "";
+      spans.push(h("span", {class: `tok seg-${sequence.segment[i]}${marks}`, dataset: {i, mask: sequence.loss_mask[i]},
+                            style: {background: COLOUR_MODES[box.colourMode].colour(sequence, i, box.scale)}}, piece));
+    }
+    el.replaceChildren(...spans);  // at most 2 * CHUNK arguments
+    el.style.minHeight = "";
+    el.dataset.drawn = "1";
   }
-  box.append(...spans);
+  const firstModel = sequence.segment.indexOf(1);
+  const opening = chunks.findIndex(c => firstModel >= c.start && firstModel < c.end);
+  const observer = new IntersectionObserver(entries => {
+    for (const e of entries) {
+      if (!e.isIntersecting) continue;
+      observer.unobserve(e.target);
+      if (!e.target.dataset.drawn) draw(e.target, chunks[Number(e.target.dataset.chunk)]);
+    }
+  }, {root: box, rootMargin: "3000px 0px"});
+  chunks.forEach((c, k) => {
+    const el = h("div", {class: `chunk${k > 0 && chunks[k - 1].cut ? " cont" : ""}`, dataset: {chunk: k}});
+    // the opening (the first chunks, and the model's first turn) drawn at once; the rest when near
+    if (k <= 1 || Math.abs(k - opening) <= 1) draw(el, c);
+    else { el.style.minHeight = `${estimate(c) * LINE_EM}em`; observer.observe(el); }
+    box.appendChild(el);
+  });
   // opened at the model's first token, not at the top of a long (few-shot) prompt
   requestAnimationFrame(() => {
+    const probe = h("span", {class: "tok"}, "0".repeat(100));
+    box.appendChild(probe);
+    const width = probe.getBoundingClientRect().width / 100;
+    probe.remove();
+    if (width > 0 && box.clientWidth > 0) {
+      perLine = Math.max(20, Math.floor(box.clientWidth / width));
+      box.querySelectorAll(".chunk:not([data-drawn])").forEach(el => {
+        el.style.minHeight = `${estimate(chunks[Number(el.dataset.chunk)]) * LINE_EM}em`;
+      });
+    }
     const first = box.querySelector(".tok.seg-1");
     if (first) box.scrollTop = Math.max(0, first.offsetTop - 40);  // .tokens is position: relative
   });
@@ -526,11 +597,13 @@ async function showTrajectory(name, kind, step, index) {
   const modeSelect = h("select", {id: "colour-mode", onchange: e => { mode = e.target.value; drawTokens(); }},
     Object.entries(COLOUR_MODES).map(([k, m]) => h("option", {value: k}, m.label)));
   const sequences = (r.sequences || []).filter(Boolean);
-  function drawTokens() {
+  const views = sequences.map(s => tokenView(s, mode));
+  function drawTokens() {  // a colour change recolours the drawn tokens, it does not draw them again
     put(legend, ...COLOUR_MODES[mode].legend.map(([c, text]) => h("span", {}, h("span", {class: "swatch", style: {background: c}}), " ", text)));
-    put(tokensBox, ...sequences.map((s, k) => h("div", {},
-      sequences.length > 1 ? h("h3", {}, `sequence ${k + 1} of ${sequences.length}`) : null, tokenView(s, mode))));
+    views.forEach(view => setColourMode(view, mode));
   }
+  put(tokensBox, ...sequences.map((s, k) => h("div", {},
+    sequences.length > 1 ? h("h3", {}, `sequence ${k + 1} of ${sequences.length}`) : null, views[k])));
   drawTokens();
   const callRows = (r.tool_calls || []).map(c => h("tr", {}, h("td", {}, fmt(c.turn)), h("td", {class: "mono nowrap"}, c.name),
     h("td", {class: "mono"}, c.arguments), h("td", {class: c.error ? "error" : ""}, c.error || "ok"),
