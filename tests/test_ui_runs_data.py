@@ -158,3 +158,13 @@ def test_metrics_encode_nan_as_null_and_the_json_equals_the_dict(runs):
     assert broken["series"] == {} and broken["errors"]["metrics.jsonl"] == "line(s) 2 not JSON objects: skipped"
     (runs / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\nnot json\n{"step": 3, "loss": 1.0}\n')
     assert json.loads(data.metrics_json("run"))["series"]["loss"] == [[1, 2.0], [3, 1.0]]
+
+
+def test_a_trajectory_is_sent_as_json_with_nan_and_infinities_as_null(tmp_path):
+    record = row(1, 0)
+    record["reward"] = float("nan")
+    record["sequences"][0]["advantage"] = [None, float("inf"), -0.5]
+    write_records(tmp_path / "run", "eval", 1, [record])
+    sent = json.loads(RunsData(tmp_path).trajectory_json("run", "eval", 1, 0))
+    assert sent["reward"] is None and sent["sequences"][0]["advantage"] == [None, None, -0.5]
+    assert sent["sequences"][0]["token_ids"] == [1, 2, 3] and sent["messages"][0]["content"] == "question 0"

@@ -116,8 +116,8 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
             outcome=outcome or None, offset=offset, limit=limit))
 
     @app.get("/api/runs/{name}/trajectories/{kind}/{step}/{index}")
-    def trajectory(name: str, kind: str, step: int, index: int) -> JSONResponse:
-        return JSONResponse(data.trajectory(name, _kind(kind), step, index))
+    def trajectory(name: str, kind: str, step: int, index: int) -> Response:
+        return Response(data.trajectory_json(name, _kind(kind), step, index), media_type="application/json")
 
     @app.get("/api/runs/{name}/same-sample")
     def same_sample(name: str, sample_id: str, kind: str = "eval") -> JSONResponse:
