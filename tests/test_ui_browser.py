@@ -352,6 +352,29 @@ def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
     save_screenshot(browser, "ui-new-run-errors")
 
 
+def controls(driver):
+    """The run page's state badge, buttons and message, read in one step."""
+    return driver.execute_script(
+        "const q = s => document.querySelector(s);"
+        "return {state: q('h1 .state') ? q('h1 .state').innerText : '', stop: q('#stop') ? !q('#stop').disabled : null,"
+        " resume: q('#resume') ? !q('#resume').disabled : null, message: q('#run-message') ? q('#run-message').innerText : '',"
+        " errors: q('#main .errors') ? q('#main .errors').innerText : ''}")
+
+
+def watch_until(driver, done, check, seconds, message):
+    """Poll the run page until ``done(controls)``, asserting ``check(controls)`` at every poll
+    before it (what the page shows in between, across its 3-second refreshes)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        shown = controls(driver)
+        if done(shown):
+            return shown
+        assert check(shown), shown
+        time.sleep(0.2)
+    raise AssertionError(f"{message}: still {controls(driver)}")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 41 bugs 3-4: Stop/Resume feedback and a new launch's first seconds")
 def test_a_run_launched_from_the_form_reaches_step_1_live_stop_checkpoints_it_and_resume_continues_it(
         browser, served, tiny_model_dir):
     browser.get(f"{served['base']}/?token={TOKEN}")  # each test signs in: it may run alone
@@ -367,6 +390,9 @@ def test_a_run_launched_from_the_form_reaches_step_1_live_stop_checkpoints_it_an
     browser.find_element(By.ID, "launch").click()
     wait(browser, lambda d: d.current_url.split("#")[-1].startswith("/run/arithmetic-"), message="the new run's page")
     name = browser.current_url.split("#/run/")[-1]
+    # from the moment of launch it is starting, not "unknown" with missing files as errors
+    watch_until(browser, lambda c: c["state"] == "running", lambda c: c["state"] in ("", "starting") and not c["errors"]
+                and c["resume"] is not True, LAUNCH_S, "the launched run's start")
 
     def step_shown(d):
         match = re.search(r"step\s+(\d+) / 500", page_text(d, "#main"))
@@ -380,8 +406,10 @@ def test_a_run_launched_from_the_form_reaches_step_1_live_stop_checkpoints_it_an
     save_screenshot(browser, "ui-run-live")
 
     wait(browser, lambda d: click_when_enabled(d, "stop"), message="the stop button")
-    wait(browser, lambda d: page_text(d, "h1 .state") == "interrupted", LAUNCH_S,
-         "the stopped run's state")
+    # until it has stopped: it says so, across refreshes, and Stop is not offered again
+    watch_until(browser, lambda c: c["state"] == "interrupted",
+                lambda c: c["state"] == "stopping" and "stop sent" in c["message"] and c["stop"] is False
+                and c["resume"] is False, LAUNCH_S, "the stopped run's state")
     status = api(served, f"/api/runs/{name}")
     assert status["state"] == "interrupted" and "saved" in status["message"]
     checkpoints = sorted(p.name for p in (served["runs"] / name / "checkpoints").iterdir())
@@ -390,6 +418,9 @@ def test_a_run_launched_from_the_form_reaches_step_1_live_stop_checkpoints_it_an
 
     # Resume continues it from that checkpoint (rlf train --resume), live again
     wait(browser, lambda d: click_when_enabled(d, "resume"), message="the resume button")
+    watch_until(browser, lambda c: c["state"] == "running",
+                lambda c: c["state"] in ("interrupted", "starting") and "saved" not in c["message"]
+                and c["resume"] is False, LAUNCH_S, "the resumed run's start")
 
     def past_saved(d):
         match = re.search(r"step\s+(\d+) / 500", page_text(d, "#main"))
@@ -399,3 +430,10 @@ def test_a_run_launched_from_the_form_reaches_step_1_live_stop_checkpoints_it_an
     wait(browser, lambda d: click_when_enabled(d, "stop"), message="the stop button")
     wait(browser, lambda d: page_text(d, "h1 .state") == "interrupted", LAUNCH_S,
          "the resumed run stopped again")
+    # a finished run and a run with no checkpoint offer no Resume, and say why for as long as they are shown
+    for run, why in (("tiny", "finished"), ("killed", "no checkpoint to resume from")):
+        browser.get(f"{served['base']}/#/run/{run}")
+        wait(browser, lambda d: controls(d)["resume"] is not None, message=f"{run}'s page")
+        time.sleep(3.5)  # a refresh
+        shown = controls(browser)
+        assert shown["resume"] is False and shown["stop"] is False and why in shown["message"], (run, shown)
