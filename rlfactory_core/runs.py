@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+from ._fs import write_text_atomic
 from .config import RunConfig
 from .errors import RLFactoryError
 
@@ -44,5 +45,6 @@ def write_run_files(run_dir: Path, config: RunConfig) -> None:
     from .plugins import plugin_infos
 
     versions = {info.name: f"{info.distribution} {info.version}".strip() for info in plugin_infos()}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    (run_dir / "plugins.yaml").write_text(yaml.safe_dump(versions, sort_keys=True))
+    # whole or not at all: `rlf ui` reads them while the run starts
+    write_text_atomic(run_dir / "config.yaml", yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    write_text_atomic(run_dir / "plugins.yaml", yaml.safe_dump(versions, sort_keys=True))

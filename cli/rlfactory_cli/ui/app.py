@@ -39,8 +39,8 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
                allowed_hosts: Sequence[str] = ("127.0.0.1", "localhost", "[::1]")) -> Any:
     """The app serving ``runs_dir``, guarded by ``token`` (for a server on ``port``, reached
     by one of ``allowed_hosts``)."""
-    data = RunsData(runs_dir)
-    launcher = launcher or Launcher(data.runs_dir)
+    launcher = launcher or Launcher(Path(runs_dir).resolve())
+    data = RunsData(runs_dir, controls=launcher.controls)
     app = FastAPI(title="rlf ui", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.data, app.state.launcher = data, launcher
 

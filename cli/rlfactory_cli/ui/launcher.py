@@ -21,13 +21,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rlfactory_core.run_status import ENDED_STATES, LOCK_FILE, holds_run, read_status, still_exiting
+from rlfactory_core.run_status import ENDED_STATES, LOCK_FILE, RunStatus, holds_run, read_status, still_exiting
 
 from .security import run_dir_of
 
@@ -48,6 +49,7 @@ class Launcher:
         self.runs_dir = Path(runs_dir).resolve()
         self.python = python
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping: dict[str, tuple[int, float]] = {}  # run -> (pid signalled, when): until it has ended
         self.lock = threading.Lock()
 
     def launch(self, config: dict[str, Any]) -> str:
@@ -61,7 +63,38 @@ class Launcher:
 
     def resume(self, name: str) -> None:
         run_dir = run_dir_of(self.runs_dir, name)
-        status = read_status(run_dir)
+        problem = self._resume_problem(name, run_dir, read_status(run_dir))
+        if problem:
+            raise LaunchError(problem)
+        self._spawn(name, ["train", "--resume", str(run_dir)], run_dir)
+
+    def controls(self, name: str, run_dir: Path, status: RunStatus) -> dict[str, Any]:
+        """What the run page shows and offers, from the run's real state: ``state`` (the
+        status's, or ``starting`` from the launch until the new process writes its status,
+        ``stopping`` from a stop until the run has ended), ``message``, ``can_stop``,
+        ``can_resume`` (when not, ``message`` says why)."""
+        with self.lock:
+            child = self.children.get(name)
+            stop = self.stopping.get(name)
+            if stop is not None and status.state != "running" and not self._alive(child, stop[0]):
+                del self.stopping[name]  # it has ended: the stop is history, its status says how
+                stop = None
+        if child is not None and child.poll() is None and status.pid != child.pid:
+            return {"state": "starting", "message": f"starting (pid {child.pid}): loading the model and the data",
+                    "can_stop": True, "can_resume": False}
+        if stop is not None:
+            when = datetime.fromtimestamp(stop[1]).strftime("%H:%M:%S")
+            return {"state": "stopping", "can_stop": False, "can_resume": False,
+                    "message": f"stop sent to pid {stop[0]} at {when}: the run finishes or drops its step, "
+                               "saves a checkpoint and stops"}
+        if status.state == "running":
+            return {"state": "running", "message": status.message, "can_stop": True, "can_resume": False}
+        problem = self._resume_problem(name, run_dir, status)
+        message = "; ".join(part for part in (status.message, problem) if part)
+        return {"state": status.state, "message": message, "can_stop": False, "can_resume": problem is None}
+
+    def _resume_problem(self, name: str, run_dir: Path, status: RunStatus) -> str | None:
+        """Why ``name`` cannot be resumed now (None: it can)."""
         with self.lock:
             child = self.children.get(name)
         # This UI's child still runs: starting (its status.json is still the last process's) or
@@ -70,18 +103,19 @@ class Launcher:
         starting_or_training = child is not None and child.poll() is None and not (
             status.pid == child.pid and status.state in ENDED_STATES and not _in_use(run_dir))
         if starting_or_training and status.state != "running" and status.pid != child.pid:
-            raise LaunchError(f"{name} was just launched (pid {child.pid}) and is starting")
+            return f"{name} was just launched (pid {child.pid}) and is starting"
         if status.state == "running" or starting_or_training or _in_use(run_dir):
             pid = status.pid or child and child.pid
             if still_exiting(run_dir, status):
-                raise LaunchError(f"{name} has {status.state} but its process (pid {pid}) is still exiting: "
-                                  f"resume once it has")
-            raise LaunchError(f"{name} is running (pid {pid}): stop it first")
+                return f"{name} has {status.state} but its process (pid {pid}) is still exiting: resume once it has"
+            return f"{name} is running (pid {pid}): stop it first"
+        if status.state == "finished":
+            return "finished: every step is done, so there is nothing to resume"
         if not (run_dir / "config.yaml").exists():
-            raise LaunchError(f"{name} has no config.yaml: it never started, so there is nothing to resume")
+            return f"{name} has no config.yaml: it never started, so there is nothing to resume"
         if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
-            raise LaunchError(f"{name} has no checkpoint to resume from")
-        self._spawn(name, ["train", "--resume", str(run_dir)], run_dir)
+            return "no checkpoint to resume from"
+        return None
 
     def stop(self, name: str) -> int:
         """SIGTERM to the run's ``rlf train``; its pid."""
@@ -101,6 +135,8 @@ class Launcher:
             raise LaunchError(f"process {pid} does not hold {name}'s lock: it is not that run's rlf train, "
                               f"so it is not signalled")
         os.kill(pid, signal.SIGTERM)
+        with self.lock:
+            self.stopping[name] = (pid, time.time())
         return pid
 
     def close(self) -> None:
@@ -127,6 +163,11 @@ class Launcher:
             self.children[name] = child
         # reaped when it ends: a zombie would look alive to the status check
         threading.Thread(target=child.wait, name=f"reap-{name}", daemon=True).start()
+
+    @staticmethod
+    def _alive(child: subprocess.Popen[bytes] | None, pid: int) -> bool:
+        """Whether the stopped process still runs (this UI's child: not yet reaped)."""
+        return child is not None and child.pid == pid and child.poll() is None
 
     def _launched(self, pid: int) -> bool:
         """Whether ``pid`` is a run this UI started and that still runs."""

@@ -91,8 +91,13 @@ def _yaml_file(path: Path) -> Any:
 class RunsData:
     """The runs under ``runs_dir`` (each a directory with a config, metrics or status)."""
 
-    def __init__(self, runs_dir: str | Path):
+    def __init__(self, runs_dir: str | Path,
+                 controls: Callable[[str, Path, RunStatus], dict[str, Any]] | None = None):
+        """``controls(name, run_dir, status)``: what the page shows and offers for a run (the
+        launcher's: ``state``, ``message``, ``can_stop``, ``can_resume``), merged over its
+        summary; without it, the status as it is, nothing offered."""
         self.runs_dir = Path(runs_dir).resolve()
+        self.controls = controls
         self._metrics = _FileCache(_metrics_file)
         self._series = _FileCache(self._series_of)
         self._series_json = _FileCache(lambda path: _json(self._series(path)))
@@ -179,6 +184,10 @@ class RunsData:
             marker = next((run_dir / m for m in RUN_MARKERS if (run_dir / m).exists()), run_dir)
             started = marker.stat().st_mtime
         last_step = max((r["step"] for r in records if isinstance(r.get("step"), int)), default=None)
+        offered = self.controls(run_dir.name, run_dir, status) if self.controls else \
+            {"can_stop": False, "can_resume": False}
+        if offered.get("state") == "starting":
+            errors = {}  # the files a run writes as it starts are not there yet: not errors
         return json_safe({
             "name": run_dir.name, "state": status.state, "message": status.message,
             "step": status.step if status.step is not None else last_step,
@@ -186,7 +195,7 @@ class RunsData:
             "env": _get(config, "env"), "model": _get(config, "model", "name"), "engine": _get(config, "engine"),
             "seed": _get(config, "train", "seed"), "held_out": held_out, "started_at": started,
             "updated_at": status.updated_at, "pid": status.pid, "exiting": still_exiting(run_dir, status),
-            "errors": errors,
+            "errors": errors, **offered,
         })
 
     def run(self, name: str) -> dict[str, Any]:
@@ -213,6 +222,8 @@ class RunsData:
                 config_text = (run_dir / "config.yaml").read_text(encoding="utf-8", errors="replace")
             except OSError as exc:  # a directory by that name, unreadable
                 errors["config.yaml"] = _one_line(exc)
+        if summary.get("state") == "starting":
+            errors = {}  # its files are being written
         return json_safe({**summary, "config": config, "config_text": config_text, "plugins": plugins,
                           "recorded": recorded, "errors": {**summary["errors"], **errors}})
 

@@ -187,26 +187,31 @@ async function showRun(name) {
   put(main, head, plotNote, plots, details, h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
   const panels = new Map();
   let recorded = null;
-  let acting = false;  // a resume just sent: its button stays off until the run says running
+  let actionError = "";  // a refused Stop or Resume: shown until the next click
+  let pending = "";  // what a click sent, until the server's answer (a refresh already under way is older)
+
+  async function act(path, sending) {  // the run's state (starting, stopping) comes back with the refresh
+    actionError = "";
+    pending = sending;
+    document.getElementById("run-message").textContent = sending;
+    const r = await post(path);
+    if (!r.ok) actionError = r.body.error;
+    pending = "";
+    await refreshHead();
+  }
 
   async function refreshHead() {
     const {ok, body} = await api(`/api/runs/${enc(name)}`);
     if (!ok) { put(head, h("h1", {}, name), h("div", {class: "error"}, body.error)); return null; }
-    const stop = h("button", {id: "stop", disabled: body.state !== "running", onclick: async () => {
-      stop.disabled = true;
-      const r = await post(`/api/runs/${enc(name)}/stop`);
-      message.textContent = r.ok ? `sent SIGTERM to ${r.body.pid}: the run checkpoints and stops` : r.body.error;
-    }}, "Stop");
-    // a run that wrote its end may still be closing its engines: resume once its process is gone
-    const resume = h("button", {id: "resume", disabled: body.state === "running" || body.exiting || acting, onclick: async () => {
-      resume.disabled = true;
-      acting = true;
-      const r = await post(`/api/runs/${enc(name)}/resume`);
-      message.textContent = r.ok ? "resuming" : r.body.error;
-      setTimeout(() => { acting = false; }, 15000);  // until its status says running
-    }}, "Resume");
-    const message = h("span", {id: "run-message", class: "muted"},
-      body.exiting ? `${body.message ? body.message + "; " : ""}its process is still exiting` : body.message || "");
+    // the buttons and the message follow the run's real state (the server's): starting, running,
+    // stopping, interrupted with a checkpoint, finished, failed; nothing local to go stale
+    const stop = h("button", {id: "stop", disabled: !body.can_stop || !!pending, onclick: () => {
+      stop.disabled = true; act(`/api/runs/${enc(name)}/stop`, "sending stop…"); }}, "Stop");
+    const resume = h("button", {id: "resume", disabled: !body.can_resume || !!pending, onclick: () => {
+      resume.disabled = true; act(`/api/runs/${enc(name)}/resume`, "resuming…"); }}, "Resume");
+    const message = h("span", {id: "run-message", class: actionError ? "error" : "muted"},
+      actionError || pending || (body.exiting && !["starting", "stopping"].includes(body.state)
+        ? `${body.message ? body.message + "; " : ""}its process is still exiting` : body.message || ""));
     put(head, 
       h("h1", {}, body.name, " ", stateBadge(body.state, body.message)),
       h("div", {class: "toolbar"}, stop, resume, message),
