@@ -151,8 +151,8 @@ def config_errors(error: pydantic.ValidationError) -> list[str]:
         kind = item["type"]
         if kind == "extra_forbidden":
             lines.append(f"{_location(loc)}: unknown key (see `rlf train --help-config` for the keys)")
-        elif kind == "value_error" and not loc:
-            lines.append(str(item["msg"]).removeprefix("Value error, "))
+        elif kind == "value_error" and not loc:  # the checks across settings: one line each
+            lines += str(item["msg"]).removeprefix("Value error, ").split("\n")
         else:
             value = item.get("input")
             shown = "" if isinstance(value, (dict, list)) or value is None else f" (got {value!r})"
@@ -203,11 +203,53 @@ def merge_layers(
 
 
 def validate_config(data: Mapping[str, Any]) -> tuple[RunConfig | None, list[str]]:
-    """``data`` checked against the schema: the config, or None and one line per problem."""
+    """``data`` checked against the schema: the config, or None and one line per problem.
+
+    Every problem at once: pydantic checks the rules across settings
+    (:meth:`RunConfig.consistency_problems`) only once every setting is valid, so when some
+    are not, the rules are also checked on ``data`` without those settings (their defaults in
+    their place), keeping the lines that do not name one of them (a rule about a setting
+    that was dropped would be about its default, not what was given)."""
     try:
         return RunConfig.model_validate(dict(data)), []
     except pydantic.ValidationError as exc:
-        return None, config_errors(exc)
+        problems = config_errors(exc)
+        dropped = [_clean_loc(item["loc"]) for item in exc.errors()]
+        dropped = [loc for loc in dropped if loc]
+        if not dropped:
+            return None, problems
+        repaired = copy.deepcopy(dict(data))
+        for loc in dropped:
+            _drop(repaired, loc)
+        try:
+            RunConfig.model_validate(repaired)
+            return None, problems  # nothing wrong across the other settings
+        except pydantic.ValidationError as again:
+            if any(_clean_loc(item["loc"]) for item in again.errors()):
+                return None, problems  # still invalid without them: the lines above say why
+            across = config_errors(again)  # the rules across settings alone
+        # a dropped setting by its dotted key or its own name (group_size), not its section's
+        names = {name for loc in dropped for parts in [[p for p in loc if isinstance(p, str)]] if parts
+                 for name in (".".join(parts), parts[-1])}
+        more = [line for line in across if not any(re.search(rf"\b{re.escape(name)}\b", line) for name in names)]
+        return None, list(dict.fromkeys([*problems, *more]))
+
+
+def _clean_loc(loc: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(part for part in loc if not (isinstance(part, str) and part.startswith("function-after")))
+
+
+def _drop(data: Any, loc: Sequence[Any]) -> None:
+    """Remove the value at ``loc`` (keys and list indices) from ``data``, where it is there."""
+    for part in loc[:-1]:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(data, dict):
+        data.pop(loc[-1], None)
+    elif isinstance(data, list) and isinstance(loc[-1], int) and 0 <= loc[-1] < len(data):
+        data[loc[-1]] = None  # an item: the rule about it (a reward's name) is not known without it
 
 
 def load_config(

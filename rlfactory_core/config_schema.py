@@ -315,50 +315,60 @@ class RunConfig(_Section):
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> "RunConfig":
+        # every rule across settings at once, one line each (config_errors splits them)
+        problems = self.consistency_problems()
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def consistency_problems(self) -> list[str]:
+        """What the settings get wrong together, one line each, every rule checked."""
+        problems: list[str] = []
         for key, rewards in (("rewards", self.rewards), ("eval.rewards", self.eval.rewards)):
             if rewards is None and key == "eval.rewards":
                 continue
             if not rewards:
-                raise ValueError(f"{key}: at least one reward is needed")
+                problems.append(f"{key}: at least one reward is needed")
+                continue
             names = [r.name for r in rewards]
             if len(set(names)) != len(names):
-                raise ValueError(f"{key}: each reward may appear once, got {names}")
+                problems.append(f"{key}: each reward may appear once, got {names}")
         if self.model.dtype in ("bfloat16", "float16") and not self.model.lora.enabled:
             # bf16 keeps 8 significant bits: an AdamW step of ~lr changes a weight of size w only
             # when lr > w / 256, so at the usual 1e-6 nearly every update rounds away silently.
-            raise ValueError(f"model.dtype: {self.model.dtype} weights would round away most AdamW updates "
-                             f"(8 significant bits); train float32 weights (train.bf16 autocast still "
-                             f"computes in bf16) or LoRA adapters on a {self.model.dtype} base "
-                             f"(model.lora.enabled=true)")
+            problems.append(f"model.dtype: {self.model.dtype} weights would round away most AdamW updates "
+                            f"(8 significant bits); train float32 weights (train.bf16 autocast still "
+                            f"computes in bf16) or LoRA adapters on a {self.model.dtype} base "
+                            f"(model.lora.enabled=true)")
         batch = self.grpo.prompts_per_step * self.grpo.group_size
         if self.grpo.mini_batches > batch:
-            raise ValueError(f"grpo.mini_batches ({self.grpo.mini_batches}) is more than the trajectories per "
-                             f"step ({batch} = prompts_per_step x group_size)")
+            problems.append(f"grpo.mini_batches ({self.grpo.mini_batches}) is more than the trajectories per "
+                            f"step ({batch} = prompts_per_step x group_size)")
         if self.engine == "ray":
             if self.model.lora.enabled:
-                raise ValueError("model.lora.enabled: the ray engine trains all weights (FSDP2); "
-                                 "use engine=local for LoRA")
+                problems.append("model.lora.enabled: the ray engine trains all weights (FSDP2); "
+                                "use engine=local for LoRA")
             if self.train.weight_push == "changed":
                 # measured (bench/weight_sync.py): a full AdamW step moves every tensor, so there
                 # is nothing to leave out, and rank 0 would hold a second copy of the model
-                raise ValueError("train.weight_push: changed saves nothing on the ray engine, which trains all "
-                                 "weights (each step changes every tensor); use all or auto")
+                problems.append("train.weight_push: changed saves nothing on the ray engine, which trains all "
+                                "weights (each step changes every tensor); use all or auto")
             if self.ray.trainer.workers < 1 or self.ray.rollout.workers < 1:
-                raise ValueError("ray.trainer.workers and ray.rollout.workers must be at least 1")
+                problems.append("ray.trainer.workers and ray.rollout.workers must be at least 1")
             names = {r.name for r in [*self.rewards, *(self.eval.rewards or [])]}
             unknown = [n for n in self.ray.judge.rewards if n not in names]
             if unknown:
-                raise ValueError(f"ray.judge.rewards: {unknown} are not in rewards or eval.rewards "
-                                 f"(configured: {sorted(names)})")
+                problems.append(f"ray.judge.rewards: {unknown} are not in rewards or eval.rewards "
+                                f"(configured: {sorted(names)})")
             pooled = sorted({r.name for r in self.rewards} & set(self.ray.judge.rewards))
             if self.cold_start.source in ("demonstrations", "auto") and pooled:
-                raise ValueError(f"cold_start.source: demonstrations are scored in the driver process, which cannot "
-                                 f"reach the judge pool that scores {pooled} (ray.judge.rewards); use "
-                                 f"cold_start.source=rejection, or score them in the rollout workers")
+                problems.append(f"cold_start.source: demonstrations are scored in the driver process, which cannot "
+                                f"reach the judge pool that scores {pooled} (ray.judge.rewards); use "
+                                f"cold_start.source=rejection, or score them in the rollout workers")
         if self.rollout.max_trajectory_tokens < self.rollout.max_tokens_per_turn:
-            raise ValueError("rollout.max_trajectory_tokens must be at least rollout.max_tokens_per_turn")
+            problems.append("rollout.max_trajectory_tokens must be at least rollout.max_tokens_per_turn")
         if self.grpo.overlong_buffer >= self.rollout.max_trajectory_tokens:
-            raise ValueError(f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be less than "
-                             f"rollout.max_trajectory_tokens ({self.rollout.max_trajectory_tokens}): the penalty "
-                             f"starts that many tokens before the limit")
-        return self
+            problems.append(f"grpo.overlong_buffer ({self.grpo.overlong_buffer}) must be less than "
+                            f"rollout.max_trajectory_tokens ({self.rollout.max_trajectory_tokens}): the penalty "
+                            f"starts that many tokens before the limit")
+        return problems

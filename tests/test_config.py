@@ -140,3 +140,18 @@ def test_eval_splits_are_checked_up_front(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError, match=r"eval.splits: the 'arithmetic' env cannot give its 'nope' split"):
         train(config)
     assert not (tmp_path / "run").exists()
+
+
+def test_every_problem_comes_at_once_fields_and_checks_across_settings():
+    from rlfactory_core.config import validate_config
+
+    config, problems = validate_config({"train": {"lr": "fast"},
+                                        "grpo": {"prompts_per_step": 1, "group_size": 2, "mini_batches": 5},
+                                        "rollout": {"max_tokens_per_turn": 100, "max_trajectory_tokens": 50}})
+    assert config is None and len(problems) == 3
+    assert problems[0].startswith("train.lr: Input should be a valid number")
+    assert problems[1].startswith("grpo.mini_batches (5) is more than the trajectories per step (2 ")
+    assert problems[2] == "rollout.max_trajectory_tokens must be at least rollout.max_tokens_per_turn"
+    # a rule about a setting that is itself invalid is not checked against its default instead
+    config, problems = validate_config({"grpo": {"group_size": "x", "mini_batches": 500}})
+    assert len(problems) == 1 and problems[0].startswith("grpo.group_size:")

@@ -334,8 +334,9 @@ def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")
     browser.get(f"{served['base']}/#/new")
     wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "[data-key='train.steps']"), message="the form")
+    # a field's errors and a check across settings (its field in a collapsed section), in one pass
     for key, value in (("train.steps", "-1"), ("train.lr", "fast"), ("grpo.group_size", "0"),
-                       ("rollout.sampling.temperature", "-2")):
+                       ("rollout.sampling.temperature", "-2"), ("rollout.max_trajectory_tokens", "8")):
         _set(browser, key, value)
     browser.find_element(By.ID, "validate").click()
     errors = {}
@@ -343,10 +344,15 @@ def test_a_bad_config_shows_every_error_beside_its_field(browser, served):
     def shown(d):
         errors.update({el.get_attribute("data-error-for"): el.text
                        for el in d.find_elements(By.CSS_SELECTOR, ".field-error") if el.text})
-        return len(errors) >= 4
+        return len(errors) >= 5
 
     wait(browser, shown, message="the inline errors")
-    assert set(errors) == {"train.steps", "train.lr", "grpo.group_size", "rollout.sampling.temperature"}
+    assert set(errors) == {"train.steps", "train.lr", "grpo.group_size", "rollout.sampling.temperature",
+                           "rollout.max_trajectory_tokens"}
+    assert "at least rollout.max_tokens_per_turn" in errors["rollout.max_trajectory_tokens"]
+    assert browser.execute_script("return document.querySelector(\"[data-key='rollout.max_trajectory_tokens']\")"
+                                  ".closest('details').open")  # its section opened to show it
+    assert not page_text(browser, "#form-errors")  # nothing left at the top, away from its field
     assert "greater than" in errors["train.steps"] and "number" in errors["train.lr"]
     assert browser.find_element(By.CSS_SELECTOR, "[data-key='train.lr']").get_attribute("class") == "invalid"
     save_screenshot(browser, "ui-new-run-errors")

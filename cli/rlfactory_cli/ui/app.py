@@ -140,15 +140,12 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
 
     @app.post("/api/new-run/validate")
     def validate(values: dict[str, Any] = Body(...)) -> dict[str, Any]:
-        return new_run.validate(_with_mcp_file(data.runs_dir, values))
+        # exactly what Launch checks: Check and Launch never disagree
+        return new_run.validate(_with_mcp_file(data.runs_dir, values), runs_dir=data.runs_dir)
 
     @app.post("/api/new-run/launch")
     def launch(values: dict[str, Any] = Body(...)) -> JSONResponse:
-        checked = new_run.validate(_with_mcp_file(data.runs_dir, values))
-        if checked["ok"] and (checked["config"] or {}).get("run_dir"):
-            checked = {**checked, "ok": False, "errors": [{"key": "run_dir", "message": (
-                f"runs launched here are written into {data.runs_dir} under a name chosen for them: "
-                f"leave it empty (or export the YAML and run rlf train yourself)")}]}
+        checked = new_run.validate(_with_mcp_file(data.runs_dir, values), runs_dir=data.runs_dir)
         if not checked["ok"]:
             return JSONResponse(checked, status_code=422)
         return JSONResponse({**checked, "run": launcher.launch(checked["config"])})

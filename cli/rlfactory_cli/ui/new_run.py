@@ -30,6 +30,7 @@ import copy
 import functools
 import json
 import re
+from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
@@ -37,15 +38,18 @@ import yaml
 from rlfactory_core.config import PRESETS, RunConfig, merge_dicts, merge_layers, parse_overrides, validate_config
 from rlfactory_core.errors import ConfigError, RLFactoryError, one_line
 
-__all__ = ["MAIN_SETTINGS", "form_schema", "choices", "validate", "mcp_tools", "to_yaml"]
+__all__ = ["MAIN_SETTINGS", "NOT_OFFERED", "form_schema", "choices", "validate", "mcp_tools", "to_yaml"]
 
 #: The settings a user changes most, shown first and open; every other setting is in its
 #: section's group, collapsed. A key that leaves the schema is simply not shown.
 MAIN_SETTINGS: tuple[str, ...] = (
     "env", "preset", "model.name", "parser", "tool_manager.name", "rewards", "env_options",
     "rollout.max_turns", "rollout.max_tokens_per_turn", "grpo.group_size", "grpo.prompts_per_step",
-    "train.steps", "train.lr", "train.seed", "train.mode", "eval.every", "data.train_size", "backend", "run_dir",
+    "train.steps", "train.lr", "train.seed", "train.mode", "eval.every", "data.train_size", "backend",
 )
+#: Settings the form does not offer: Launch refuses them (a launched run is written into the
+#: UI's runs directory under a name chosen for it).
+NOT_OFFERED = ("run_dir",)
 
 #: Settings whose value is the name of an installed component: the list to pick it from in
 #: :func:`choices` (``rewards[].name``: the ``name`` of each item of ``rewards``).
@@ -96,7 +100,7 @@ def form_schema(env: str | None = None, preset: str | None = None) -> dict[str, 
     fields: dict[str, dict[str, Any]] = {}
     sections: dict[str, dict[str, Any]] = {}
     _walk(schema, defs, "", "", fields, sections)
-    fields = _with_preset(fields)
+    fields = {key: field for key, field in _with_preset(fields).items() if key not in NOT_OFFERED}
 
     effective, used_env, used_preset = _effective_defaults(env, preset)
     for key, field in fields.items():
@@ -344,7 +348,7 @@ def _models(errors: list[dict[str, Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- validation
 
 
-def validate(values: Mapping[str, Any]) -> dict[str, Any]:
+def validate(values: Mapping[str, Any], runs_dir: str | Path | None = None) -> dict[str, Any]:
     """Check a posted New-run form the way ``rlf train`` checks its config.
 
     ``values``: dotted keys (``grpo.group_size``) or whole sections (``tool_manager``: an
@@ -362,6 +366,9 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
     (an embedded model's package, a local directory; a hub id as given), optional packages
     the settings need, and the run directory. Nothing is loaded or instantiated, no network.
 
+    With ``runs_dir`` (the UI's: what Launch runs), a ``run_dir`` is refused too: a launched
+    run goes into ``runs_dir`` under a name chosen for it, so Check and Launch agree.
+
     Returns ``{"ok": bool, "errors": [{"key": str, "message": str}], "config": dict | None,
     "yaml": str | None}``: every problem at once, ``key`` the dotted setting it is about
     (``rewards[0].weight``, ``grpo.group_size``) or ``""`` for one about several; ``config``
@@ -377,6 +384,9 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
     except RLFactoryError as exc:  # e.g. strict plugin loading
         return _result([*problems, one_line(exc)], None)
     problems = list(dict.fromkeys([*problems, *checked]))
+    if runs_dir is not None and tree.get("run_dir"):
+        problems.append(f"run_dir: runs launched here are written into {runs_dir} under a name chosen for them: "
+                        "leave it empty (or export the YAML and run rlf train yourself)")
     return _result(problems, config if not problems else None)
 
 
@@ -399,9 +409,9 @@ def _tree(values: Mapping[str, Any], fields: Mapping[str, Mapping[str, Any]]) ->
             problems.append(f"{key!r}: not a setting (a dotted key such as train.lr)")
             continue
         value, found = _coerce(key, value, fields.get(key))
-        if found:  # left out: the schema would report the same value again, less clearly
-            problems += found
-            continue
+        problems += found
+        if found and not isinstance(value, (list, dict)):
+            continue  # left out: the schema would report the same value again, less clearly
         update: Any = value
         for part in reversed(key.split(".")):
             update = {part: update}
@@ -440,8 +450,10 @@ def _coerce_each(key: str, values: Mapping[str, Any], fields: Mapping[str, Any])
     out: dict[str, Any] = {}
     problems: list[str] = []
     for name, sub in values.items():
-        out[name], found = _coerce(f"{key}.{name}", sub, fields.get(name))
+        value, found = _coerce(f"{key}.{name}", sub, fields.get(name))
         problems += found
+        if not found or isinstance(value, (list, dict)):  # what was read is checked with the rest
+            out[name] = value
     return out, problems
 
 
@@ -466,7 +478,10 @@ def _error(line: str) -> dict[str, str]:
     """One problem line as ``{"key", "message"}``: ``key: message`` split; a line that
     starts with a key followed by a parenthesis keeps it in the message."""
     match = _KEYED.match(line)
-    if match is None or match["key"] == "config":
+    if match is None:  # a check across settings: "rollout.max_trajectory_tokens must be ..."
+        first = line.split(" ", 1)[0]
+        return {"key": first if first in _fields() else "", "message": line}
+    if match["key"] == "config":
         return {"key": "", "message": line}
     if match["sep"] == ": ":
         return {"key": match["key"], "message": line[match.end():]}
