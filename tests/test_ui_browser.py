@@ -316,6 +316,49 @@ def test_a_trajectory_of_a_million_tokens_opens_recolours_and_scrolls_to_its_las
     assert last == [" the-last-token", "rgb(220, 60, 60)"]  # drawn after the switch: in its colour mode too
 
 
+@pytest.mark.xfail(strict=True, reason="issue 41 bug 2: the view's state is not in the URL")
+def test_the_views_state_is_in_the_url_back_reload_and_links_restore_it(browser, served):
+    base = served["base"]
+    browser.get(f"{base}/?token={TOKEN}")
+    browser.get(f"{base}/#/run/tiny")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row"), message="the trajectory list")
+    Select(browser.find_element(By.ID, "kind")).select_by_value("train")
+    Select(browser.find_element(By.ID, "step")).select_by_value("1")
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 4, message="step 1's rows")
+    Select(browser.find_element(By.ID, "outcome")).select_by_value("policy")
+    wait(browser, lambda d: "outcome=policy" in d.current_url, message="the filters in the URL")
+    assert "kind=train" in browser.current_url and "step=1" in browser.current_url
+    listed = browser.current_url
+
+    def restored(d):
+        return (d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")
+                and d.find_element(By.ID, "kind").get_attribute("value") == "train"
+                and d.find_element(By.ID, "step").get_attribute("value") == "1"
+                and d.find_element(By.ID, "outcome").get_attribute("value") == "policy")
+
+    # rows are links: a new tab (or a copied link) opens the trajectory
+    link = browser.find_element(By.CSS_SELECTOR, "tr.trajectory-row a")
+    assert "#/run/tiny/t/train/1/" in link.get_attribute("href")
+    link.click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#tokens .tok"), message="the trajectory")
+    browser.back()  # Back: the same kind, step and filters
+    wait(browser, restored, message="the list as it was, after Back")
+    assert browser.current_url == listed
+    browser.refresh()  # a reload, or the link pasted elsewhere
+    wait(browser, restored, message="the list as it was, after a reload")
+    browser.get(f"{base}/#/?compare=tiny,old&metric=eval%2Freward%2Faccuracy")
+    wait(browser, lambda d: d.execute_script("const c = document.getElementById('compare-plot');"
+                                             "return c && !c.hidden && c.data && c.data.length === 2"),
+         message="the comparison from its link")
+    assert browser.find_element(By.ID, "compare-metric").get_attribute("value") == "eval/reward/accuracy"
+    # a run or a step that is not there: a message, not a blank page
+    browser.get(f"{base}/#/run/no-such-run")
+    wait(browser, lambda d: "no-such-run" in page_text(d, "#main") and page_text(d, "#main .error"),
+         message="the unknown run's message")
+    browser.get(f"{base}/#/run/tiny/t/eval/99/0")
+    wait(browser, lambda d: page_text(d, "#main .error"), message="the unknown step's message")
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""
