@@ -316,7 +316,6 @@ def test_a_trajectory_of_a_million_tokens_opens_recolours_and_scrolls_to_its_las
     assert last == [" the-last-token", "rgb(220, 60, 60)"]  # drawn after the switch: in its colour mode too
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 bug 2: the view's state is not in the URL")
 def test_the_views_state_is_in_the_url_back_reload_and_links_restore_it(browser, served):
     base = served["base"]
     browser.get(f"{base}/?token={TOKEN}")

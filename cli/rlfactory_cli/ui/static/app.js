@@ -95,10 +95,10 @@ function every(ms, fn) { clearInterval(timer); timer = setInterval(fn, ms); }
 
 // ---------------------------------------------------------------- runs
 
-async function showRuns() {
+async function showRuns(query = new URLSearchParams()) {
   document.title = "Runs · rlf ui";
   const table = h("tbody");
-  const selected = new Set();
+  const selected = new Set((query.get("compare") || "").split(",").filter(Boolean));
   const compareButton = h("button", {id: "compare", disabled: true, onclick: () => compare()}, "Compare selected");
   const metricSelect = h("select", {id: "compare-metric"},
     ["eval/reward/accuracy", "eval/reward/mean", "reward/mean", "reward/accuracy", "tools/calls_per_trajectory",
@@ -110,6 +110,9 @@ async function showRuns() {
     h("table", {id: "runs"}, h("thead", {}, h("tr", {}, ["", "run", "status", "env", "model", "step", "held-out",
                                                            "started"].map(c => h("th", {}, c)))), table));
 
+  if (query.get("metric")) metricSelect.value = query.get("metric");
+  const remember = () => setQuery({compare: [...selected].join(","), metric: chart.hidden ? "" : metricSelect.value});
+
   async function compare() {
     const key = metricSelect.value;
     const traces = [];
@@ -120,6 +123,7 @@ async function showRuns() {
     }
     chart.hidden = false;
     plot(chart, traces, {title: {text: key}});
+    remember();
   }
   metricSelect.addEventListener("change", () => { if (!chart.hidden) compare(); });
 
@@ -131,7 +135,7 @@ async function showRuns() {
     put(table, ...body.runs.map(run => {
       const box = h("input", {type: "checkbox", "aria-label": `select ${run.name}`, checked: selected.has(run.name),
         onchange: e => { e.target.checked ? selected.add(run.name) : selected.delete(run.name);
-                         compareButton.disabled = selected.size < 2; }});
+                         compareButton.disabled = selected.size < 2; remember(); }});
       const held = run.held_out ? `${fmt(run.held_out.value)} (${run.held_out.key.split("/").pop()}, step ${run.held_out.step})` : "–";
       return h("tr", {class: "run", dataset: {run: run.name}},
         h("td", {}, box), h("td", {}, h("a", {href: runLink(run.name)}, run.name),
@@ -144,6 +148,8 @@ async function showRuns() {
       "No runs here yet: start one with `rlf train` or from New run.")));
   }
   await refresh();
+  compareButton.disabled = selected.size < 2;
+  if (selected.size >= 2 && query.get("metric")) await compare();  // a comparison's link
   every(3000, refresh);
 }
 
@@ -177,7 +183,7 @@ function phases(series, key) {
           marker: {symbol: marked.map(m => m[2]), size: marked.map(m => m[2] === "star" ? 11 : 7)}};
 }
 
-async function showRun(name) {
+async function showRun(name, query = new URLSearchParams()) {
   document.title = `${name} · rlf ui`;
   const head = h("div");
   const plots = h("div", {class: "plots", id: "plots"});
@@ -276,7 +282,7 @@ async function showRun(name) {
     if (run && JSON.stringify(run.recorded) !== JSON.stringify(recorded)) {
       const first = recorded === null;
       recorded = run.recorded;
-      if (first) showTrajectoryList(trajectories, name, recorded);
+      if (first) showTrajectoryList(trajectories, name, recorded, query);
       else trajectories.dispatchEvent(new CustomEvent("recorded", {detail: recorded}));
     }
   }
@@ -284,11 +290,11 @@ async function showRun(name) {
   every(3000, refreshAll);
 }
 
-function showTrajectoryList(box, name, recorded) {
+function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) {
   const kinds = Object.keys(recorded);
   if (!kinds.length) { put(box, h("p", {class: "muted"}, "No trajectories recorded yet.")); return; }
   const kind = h("select", {id: "kind"}, kinds.map(k => h("option", {value: k}, k)));
-  kind.value = kinds.includes("eval") ? "eval" : kinds[0];
+  kind.value = kinds.includes(query.get("kind")) ? query.get("kind") : kinds.includes("eval") ? "eval" : kinds[0];
   const step = h("select", {id: "step"});
   const minReward = h("input", {type: "number", step: "any", id: "min-reward", placeholder: "min"});
   const maxReward = h("input", {type: "number", step: "any", id: "max-reward", placeholder: "max"});
@@ -298,7 +304,15 @@ function showTrajectoryList(box, name, recorded) {
   const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
   const rows = h("tbody");
   const PAGE = 200;
-  let offset = 0;
+  let offset = Math.max(0, Number(query.get("offset")) || 0);
+  minReward.value = query.get("min_reward") || "";
+  maxReward.value = query.get("max_reward") || "";
+  sampleId.value = query.get("sample_id") || "";
+  // the filters the address names, applied once their choices (the step's facets) are there
+  const wanted = {stop_reason: query.get("stop_reason") || "", tool_error: query.get("tool_error") || "",
+                  outcome: query.get("outcome") || ""};
+  if (query.get("step") === "all") step.dataset.chosen = "all";
+  else if (query.get("step")) step.dataset.wanted = query.get("step");
   const previous = h("button", {type: "button", id: "previous-page", onclick: () => { offset = Math.max(0, offset - PAGE); load(); }}, "previous");
   const next = h("button", {type: "button", id: "next-page", onclick: () => { offset += PAGE; load(); }}, "next");
   const status = h("span", {class: "muted"});
@@ -310,7 +324,15 @@ function showTrajectoryList(box, name, recorded) {
     put(step, h("option", {value: ""}, "all steps"), ...steps.map(s => h("option", {value: s}, `step ${s}`)));
     // every kind opens on its latest step ("all steps" only when chosen; Number("") is 0, a real eval step)
     const keep = current === "" ? step.dataset.chosen === "all" : steps.includes(Number(current));
-    step.value = keep ? current : String(steps[steps.length - 1]);
+    const asked = step.dataset.wanted;
+    delete step.dataset.wanted;
+    step.value = asked !== undefined && steps.includes(Number(asked)) ? asked : keep ? current : String(steps[steps.length - 1]);
+  }
+
+  function remember() {
+    setQuery({kind: kind.value, step: step.value === "" ? "all" : step.value, min_reward: minReward.value,
+              max_reward: maxReward.value, stop_reason: stopReason.value, tool_error: toolError.value,
+              outcome: outcome.value, sample_id: sampleId.value, offset: offset || ""});
   }
 
   async function load() {
@@ -318,31 +340,39 @@ function showTrajectoryList(box, name, recorded) {
     if (step.value !== "") params.set("step", step.value);
     if (minReward.value !== "") params.set("min_reward", minReward.value);
     if (maxReward.value !== "") params.set("max_reward", maxReward.value);
-    if (stopReason.value) params.set("stop_reason", stopReason.value);
-    if (toolError.value) params.set("tool_error", toolError.value);
-    if (outcome.value) params.set("outcome", outcome.value);
+    const chosen = {stop_reason: stopReason.value || wanted.stop_reason, tool_error: toolError.value || wanted.tool_error,
+                    outcome: outcome.value || wanted.outcome};
+    for (const [key, value] of Object.entries(chosen)) if (value) params.set(key, value);
     if (sampleId.value) params.set("sample_id", sampleId.value);
     const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories?${params}`);
     if (!ok) { put(errors, h("div", {class: "error"}, body.error)); put(rows, ); return; }
     put(errors, errorList(body.errors) || "");
-    for (const [select, values] of [[stopReason, body.facets.stop_reasons], [toolError, body.facets.tool_errors],
-                                    [outcome, body.facets.outcomes]]) {
-      const current = select.value;
-      put(select, h("option", {value: ""}, "any"), ...values.map(v => h("option", {value: v}, v)));
-      select.value = values.includes(current) ? current : "";
+    for (const [select, values, key] of [[stopReason, body.facets.stop_reasons, "stop_reason"],
+                                         [toolError, body.facets.tool_errors, "tool_error"],
+                                         [outcome, body.facets.outcomes, "outcome"]]) {
+      const current = select.value || wanted[key];
+      wanted[key] = "";
+      // a filter the step's facets do not list (an outcome side: policy) is kept, as chosen
+      const offered = current && !values.includes(current) ? [...values, current] : values;
+      put(select, h("option", {value: ""}, "any"), ...offered.map(v => h("option", {value: v}, v)));
+      select.value = current || "";
     }
+    remember();
     status.textContent = `${body.total} trajectories` +
       (body.total > body.rows.length ? `, ${offset + 1}–${offset + body.rows.length} shown` : "");
     previous.disabled = offset === 0;
     next.disabled = offset + body.rows.length >= body.total;
-    put(rows, ...body.rows.map(r => h("tr", {class: "clickable trajectory-row", dataset: {index: r.index, step: r.step},
-        onclick: () => { location.hash = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`; }},
-      h("td", {}, r.step), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
+    // rows are links: a click opens the trajectory, a middle click or a copied link a new tab
+    put(rows, ...body.rows.map(r => { const href = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`;
+      return h("tr", {class: "clickable trajectory-row", dataset: {index: r.index, step: r.step},
+        onclick: e => { if (!e.target.closest("a")) location.hash = href; }},
+      h("td", {}, h("a", {href}, String(r.step))), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
       h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
       h("td", {}, r.stop_reason || "–"), h("td", {class: r.outcome_side === "infrastructure" ? "outcome-infrastructure" : ""},
         (r.outcome || "–") + (r.replaced ? " · replaced" : r.attempt ? ` · attempt ${r.attempt}` : "")),
       h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
-      h("td", {class: "mono"}, String(r.final_answer ?? "").slice(0, 80)))));
+      h("td", {class: "mono"}, String(r.final_answer ?? "").slice(0, 80))); }));
+    restoreScroll();
   }
 
   for (const el of [kind, step, stopReason, toolError, outcome]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
@@ -649,21 +679,42 @@ async function showNewRun() {
 
 // ---------------------------------------------------------------- routing
 
+// The view's state lives in the address: #/PATH?QUERY (a run page's kind, step and filters, the
+// runs list's comparison), kept current with history.replaceState as it changes, so Back,
+// Forward, a reload and a pasted link restore it; the scroll position is kept per address.
+function routeQuery() { return new URLSearchParams(location.hash.split("?")[1] || ""); }
+
+function setQuery(values) {  // this view's state into its address, without a new history entry
+  const query = new URLSearchParams();
+  for (const [k, v] of Object.entries(values)) if (v !== "" && v !== null && v !== undefined) query.set(k, v);
+  const path = location.hash.split("?")[0] || "#/";
+  const text = query.toString();
+  history.replaceState(history.state, "", `${path}${text ? "?" + text : ""}`);
+}
+
+const scrolls = JSON.parse(sessionStorage.getItem("rlf-scrolls") || "{}");
+function restoreScroll() { if (scrolls[location.hash]) window.scrollTo(0, scrolls[location.hash]); }
+
 function route() {
   clearInterval(timer);
   tooltip.hidden = true;
   let parts;
   try {
-    parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+    parts = location.hash.split("?")[0].replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   } catch (e) {  // a malformed address
     put(main, h("h1", {}, "Not found"), h("p", {}, h("a", {href: "#/"}, "all runs")));
     return;
   }
   if (parts[0] === "run" && parts[2] === "t") return showTrajectory(parts[1], parts[3], Number(parts[4]), Number(parts[5]));
   if (parts[0] === "run" && parts[2] === "same") return showSameSample(parts[1], parts[3], parts.slice(4).join("/"));
-  if (parts[0] === "run" && parts[1]) return showRun(parts[1]);
+  const query = routeQuery();
+  if (parts[0] === "run" && parts[1]) return showRun(parts[1], query);
   if (parts[0] === "new") return showNewRun();
-  return showRuns();
+  return showRuns(query);
 }
-window.addEventListener("hashchange", route);
+window.addEventListener("hashchange", e => {
+  const old = e.oldURL.split("#")[1];
+  if (old !== undefined) { scrolls[`#${old}`] = window.scrollY; sessionStorage.setItem("rlf-scrolls", JSON.stringify(scrolls)); }
+  route();
+});
 route();
