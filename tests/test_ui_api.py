@@ -280,3 +280,37 @@ def test_the_same_sample_view_has_every_evaluation_in_order_and_its_shared_promp
     steps = sorted({t["step"] for t in group["trajectories"]})
     assert steps and group["title"] == (f"{member} in train step {steps[0]}'s group" if len(steps) == 1
                                         else f"{member} across train steps")
+
+
+def test_exports_are_the_records_the_pages_show(client, runs_dir):
+    import csv
+    import io
+    import json as json_module
+
+    from rlfactory_core.metrics import read_metrics
+
+    # metrics: one CSV row per record of metrics.jsonl, every key a column
+    response = client.get("/api/runs/tiny/export/metrics.csv")
+    assert response.status_code == 200 and "attachment" in response.headers["content-disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.text)))
+    records = read_metrics(runs_dir / "tiny")
+    assert len(rows) == len(records) and [int(r["step"]) for r in rows] == [r["step"] for r in records]
+    assert float(rows[-1]["eval/reward/accuracy"]) == records[-1]["eval/reward/accuracy"]
+    # trajectories: the list's filter, each record whole, one JSON line each
+    params = {"kind": "train", "step": 1, "outcome": "policy"}
+    listed = client.get("/api/runs/tiny/trajectories", params=params).json()
+    exported = client.get("/api/runs/tiny/export/trajectories.jsonl", params=params)
+    assert exported.status_code == 200 and exported.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json_module.loads(line) for line in exported.text.splitlines()]
+    whole = RunRecords(runs_dir / "tiny")
+    assert len(lines) == listed["total"] > 0
+    assert lines == [json_module.loads(json_module.dumps(whole.trajectory("train", 1, r["index"])))
+                     for r in listed["rows"]]
+    assert lines[0]["sequences"][0]["token_ids"]  # the token arrays too
+    everything = client.get("/api/runs/tiny/export/trajectories.jsonl", params={"kind": "eval"}).text.splitlines()
+    assert len(everything) == client.get("/api/runs/tiny/trajectories", params={"kind": "eval"}).json()["total"]
+    # the config as it is on disk; a run without one, and an unknown run, are errors
+    assert client.get("/api/runs/tiny/export/config.yaml").content == (runs_dir / "tiny" / "config.yaml").read_bytes()
+    assert client.get("/api/runs/killed/export/metrics.csv").text == "step,time\n"
+    assert client.get("/api/runs/no-such-run/export/trajectories.jsonl").status_code == 404
+    assert client.get("/api/runs/..%2F..%2Fetc/export/config.yaml").status_code in (400, 404)

@@ -328,6 +328,13 @@ def test_the_views_state_is_in_the_url_back_reload_and_links_restore_it(browser,
     wait(browser, lambda d: "outcome=policy" in d.current_url, message="the filters in the URL")
     assert "kind=train" in browser.current_url and "step=1" in browser.current_url
     listed = browser.current_url
+    # "export these" downloads the list as filtered: every row of it, each whole
+    exported = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch(document.getElementById('export-trajectories').href).then(r => r.text())"
+        ".then(t => done(t.trim().split('\\n').map(l => JSON.parse(l))))")
+    shown = [int(r.get_attribute("data-index")) for r in browser.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")]
+    assert [t["index"] for t in exported] == shown and all(t["kind"] == "train" and t["step"] == 1 for t in exported)
 
     def restored(d):
         return (d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")

@@ -18,12 +18,12 @@ from typing import Any, Sequence
 from fastapi import Body, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.gzip import GZipMiddleware
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from rlfactory_core.records import RecordError
 
-from . import new_run
+from . import export, new_run
 from .launcher import LaunchError, Launcher
 from .runs_data import RunsData
 from .security import AccessGuard, PathRefused
@@ -118,6 +118,34 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     @app.get("/api/runs/{name}/trajectories/{kind}/{step}/{index}")
     def trajectory(name: str, kind: str, step: int, index: int) -> Response:
         return Response(data.trajectory_json(name, _kind(kind), step, index), media_type="application/json")
+
+    # ------------------------------------------------------------------ downloads
+
+    @app.get("/api/runs/{name}/export/metrics.csv")
+    def export_metrics(name: str) -> Response:
+        text = export.metrics_csv(data, name)
+        return Response(text, media_type="text/csv; charset=utf-8", headers=export.attachment(f"{name}-metrics.csv"))
+
+    @app.get("/api/runs/{name}/export/trajectories.jsonl")
+    def export_trajectories(name: str, kind: str = "eval", step: int | None = None, min_reward: float | None = None,
+                            max_reward: float | None = None, stop_reason: str | None = None,
+                            tool_error: str | None = None, sample_id: str | None = None,
+                            outcome: str | None = None) -> StreamingResponse:
+        kind = _kind(kind)
+        data.run_dir(name)  # an unknown run is a 404 before the stream starts
+        lines = export.trajectories_jsonl(data, name, kind, step=step, min_reward=min_reward, max_reward=max_reward,
+                                          stop_reason=stop_reason or None, tool_error=tool_error or None,
+                                          sample_id=sample_id or None, outcome=outcome or None)
+        where = f"-step-{step}" if step is not None else ""
+        return StreamingResponse(lines, media_type="application/x-ndjson",
+                                 headers=export.attachment(f"{name}-{kind}{where}.jsonl"))
+
+    @app.get("/api/runs/{name}/export/config.yaml")
+    def export_config(name: str) -> Response:
+        text = export.config_yaml(data, name)
+        if text is None:
+            return JSONResponse({"error": f"{name} has no config.yaml to download"}, status_code=404)
+        return Response(text, media_type="application/yaml", headers=export.attachment(f"{name}-config.yaml"))
 
     @app.get("/api/runs/{name}/same-sample")
     def same_sample(name: str, sample_id: str, kind: str = "eval") -> JSONResponse:

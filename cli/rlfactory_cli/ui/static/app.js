@@ -190,7 +190,10 @@ async function showRun(name, query = new URLSearchParams()) {
   const plotNote = h("div", {id: "plot-note"});
   const trajectories = h("div", {id: "trajectories"});
   const details = h("div");
-  put(main, head, plotNote, plots, details, h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
+  const downloads = h("div", {class: "toolbar"}, "download:",
+    h("a", {id: "export-metrics", href: `/api/runs/${enc(name)}/export/metrics.csv`}, "metrics (CSV)"),
+    h("a", {id: "export-config", href: `/api/runs/${enc(name)}/export/config.yaml`}, "config (YAML)"));
+  put(main, head, plotNote, plots, downloads, details, h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
   const panels = new Map();
   let recorded = null;
   let actionError = "";  // a refused Stop or Resume: shown until the next click
@@ -316,6 +319,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   const previous = h("button", {type: "button", id: "previous-page", onclick: () => { offset = Math.max(0, offset - PAGE); load(); }}, "previous");
   const next = h("button", {type: "button", id: "next-page", onclick: () => { offset += PAGE; load(); }}, "next");
   const status = h("span", {class: "muted"});
+  const exportLink = h("a", {id: "export-trajectories", href: "#"}, "export these (JSONL)");
   const errors = h("div");
 
   function fillSteps() {
@@ -333,6 +337,12 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     setQuery({kind: kind.value, step: step.value === "" ? "all" : step.value, min_reward: minReward.value,
               max_reward: maxReward.value, stop_reason: stopReason.value, tool_error: toolError.value,
               outcome: outcome.value, sample_id: sampleId.value, offset: offset || ""});
+    // the export is the list as filtered now, every page of it
+    const params = new URLSearchParams({kind: kind.value});
+    for (const [key, value] of [["step", step.value], ["min_reward", minReward.value], ["max_reward", maxReward.value],
+                                ["stop_reason", stopReason.value], ["tool_error", toolError.value],
+                                ["outcome", outcome.value], ["sample_id", sampleId.value]]) if (value) params.set(key, value);
+    exportLink.href = `/api/runs/${enc(name)}/export/trajectories.jsonl?${params}`;
   }
 
   async function load() {
@@ -383,7 +393,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     h("div", {class: "toolbar"}, h("label", {}, "kind", kind), h("label", {}, "step", step),
       h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
       h("label", {}, "tool error", toolError), h("label", {}, "outcome", outcome), sampleId),
-    h("div", {class: "toolbar"}, status, previous, next), errors,
+    h("div", {class: "toolbar"}, status, previous, next, exportLink), errors,
     h("table", {id: "trajectory-table"}, h("thead", {}, h("tr", {}, ["step", "#", "sample", "group", "reward", "advantage",
       "stop", "outcome", "turns", "tool errors", "final answer"].map(c => h("th", {}, c)))), rows));
   fillSteps();
