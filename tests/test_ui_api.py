@@ -314,3 +314,38 @@ def test_exports_are_the_records_the_pages_show(client, runs_dir):
     assert client.get("/api/runs/killed/export/metrics.csv").text == "step,time\n"
     assert client.get("/api/runs/no-such-run/export/trajectories.jsonl").status_code == 404
     assert client.get("/api/runs/..%2F..%2Fetc/export/config.yaml").status_code in (400, 404)
+
+
+def test_search_finds_text_in_messages_tool_results_and_answers_with_where_it_is(ui_runs_dir, tmp_path_factory):
+    from rlfactory_core.records import write_records
+
+    runs_dir = tmp_path_factory.mktemp("ui-search") / "runs"
+    shutil.copytree(ui_runs_dir / "tiny", runs_dir / "tiny", symlinks=True)
+    base = {"kind": "eval", "group": -1, "reward": 0.0, "stop_reason": "no_tool_call"}
+    write_records(runs_dir / "found", "eval", 3, [
+        {**base, "step": 3, "index": 0, "sample_id": "q0", "final_answer": "Nairobi",
+         "messages": [{"role": "user", "content": "What is the capital of Kenya?"},
+                      {"role": "assistant", "content": "<search>Kenya capital</search>", "turn": 0},
+                      {"role": "tool", "content": "Doc 1: the capital is Nairobi. Unique-Needle-42 sits here."}],
+         "tool_calls": [{"name": "search", "arguments": '{"query": "Kenya capital"}', "turn": 0,
+                         "result": "Doc 1: the capital is Nairobi. Unique-Needle-42 sits here."}]},
+        {**base, "step": 3, "index": 1, "sample_id": "q1", "final_answer": "Lima",
+         "messages": [{"role": "user", "content": "What is the capital of Peru?"}]}])
+    client = TestClient(create_app(runs_dir, token=TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}",
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    found = client.get("/api/runs/found/search", params={"q": "unique-needle-42"}).json()
+    assert found["total"] == 2 and not found["truncated"] and found["errors"] == {}
+    assert [(h["kind"], h["step"], h["index"], h["where"]) for h in found["hits"]] == [
+        ("eval", 3, 0, "message 2 (tool)"), ("eval", 3, 0, "tool call 0 (search) result")]
+    hit = found["hits"][1]
+    assert hit["match"] == "Unique-Needle-42" and hit["before"].endswith("Nairobi. ") and hit["after"] == " sits here."
+    answers = client.get("/api/runs/found/search", params={"q": "lima"}).json()["hits"]
+    assert [(h["index"], h["where"]) for h in answers] == [(1, "final answer")]
+    arguments = client.get("/api/runs/found/search", params={"q": '"query"', "kind": "eval"}).json()["hits"]
+    assert [h["where"] for h in arguments] == ["tool call 0 (search) arguments"]
+    assert client.get("/api/runs/found/search", params={"q": "Kenya", "kind": "train"}).json()["total"] == 0
+    assert client.get("/api/runs/found/search", params={"q": "  "}).json()["hits"] == []
+    # the real run: its prompts hold the question of every trajectory
+    tiny = client.get("/api/runs/tiny/search", params={"q": "user"}).json()
+    assert tiny["total"] > 0 and len(tiny["hits"]) <= 200
+    assert client.get("/api/runs/no-such/search", params={"q": "x"}).status_code == 404

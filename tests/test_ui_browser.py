@@ -365,6 +365,41 @@ def test_the_views_state_is_in_the_url_back_reload_and_links_restore_it(browser,
     wait(browser, lambda d: page_text(d, "#main .error"), message="the unknown step's message")
 
 
+def test_search_finds_text_only_one_tool_result_holds_and_opens_it_marked(browser, served):
+    from rlfactory_core.records import write_records
+
+    run = served["runs"] / "searched"
+    base = {"kind": "eval", "group": -1, "reward": 0.0, "stop_reason": "no_tool_call", "step": 2}
+    padding = "x " * 15_000  # the match lies past the 20,000 characters a long text first shows
+    write_records(run, "eval", 2, [
+        {**base, "index": i, "sample_id": f"q{i}", "final_answer": "Nairobi",
+         "messages": [{"role": "user", "content": "What is the capital of Kenya?"},
+                      {"role": "assistant", "content": "<search>Kenya capital</search>", "turn": 0},
+                      {"role": "tool", "content": padding + ("Only-Here-7 " if i == 2 else "") + "Nairobi"}],
+         "tool_calls": [{"name": "search", "arguments": '{"query": "Kenya capital"}', "turn": 0,
+                         "result": padding + ("Only-Here-7 " if i == 2 else "") + "Nairobi"}]}
+        for i in range(4)])
+    try:
+        browser.get(f"{served['base']}/?token={TOKEN}")
+        browser.get(f"{served['base']}/#/run/searched")
+        wait(browser, lambda d: d.find_elements(By.ID, "search"), message="the search box")
+        box = browser.find_element(By.ID, "search")
+        box.send_keys("only-here-7\n")
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results li.hit"), message="the hits")
+        hits = browser.find_elements(By.CSS_SELECTOR, "#search-results li.hit")
+        assert [h.find_element(By.TAG_NAME, "mark").text for h in hits] == ["Only-Here-7", "Only-Here-7"]
+        assert all("trajectory 2" in h.text for h in hits) and "tool call 0 (search) result" in hits[1].text
+        hits[1].find_element(By.TAG_NAME, "a").click()
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "mark.found"), message="the trajectory, marked")
+        marks = browser.find_elements(By.CSS_SELECTOR, "mark.found")
+        assert {m.text for m in marks} == {"Only-Here-7"} and len(marks) >= 2  # the message and the tool call
+        assert browser.execute_script(  # scrolled to the first
+            "const r = document.querySelector('mark.found').getBoundingClientRect();"
+            "return r.top >= 0 && r.bottom <= window.innerHeight")
+    finally:
+        shutil.rmtree(run)
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""

@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from rlfactory_core.records import RecordError
 
-from . import export, new_run
+from . import export, new_run, search
 from .launcher import LaunchError, Launcher
 from .runs_data import RunsData
 from .security import AccessGuard, PathRefused
@@ -118,6 +118,10 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     @app.get("/api/runs/{name}/trajectories/{kind}/{step}/{index}")
     def trajectory(name: str, kind: str, step: int, index: int) -> Response:
         return Response(data.trajectory_json(name, _kind(kind), step, index), media_type="application/json")
+
+    @app.get("/api/runs/{name}/search")
+    def search_run(name: str, q: str = Query(..., max_length=1000), kind: str | None = None) -> JSONResponse:
+        return JSONResponse(search.search(data, name, q, _kind(kind) if kind else None))
 
     # ------------------------------------------------------------------ downloads
 

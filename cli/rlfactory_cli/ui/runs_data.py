@@ -335,6 +335,12 @@ class RunsData:
 
         return orjson.dumps(self.trajectory(name, kind, step, index))
 
+    def recorded_files(self, name: str, errors: dict[str, str]) -> dict[str, dict[int, Path]]:
+        """Every kind's recorded step files that may be read (``{kind: {step: path}}``), the
+        refused ones named in ``errors``."""
+        records = self._records(self.run_dir(name), errors)
+        return {kind: self._files(records, kind, errors) for kind in records.kinds()} if records else {}
+
     def _readable_records(self, name: str) -> RunRecords:
         """The run's records, :class:`RecordError` when its trajectories/ leads out of the runs directory."""
         records = self._records(self.run_dir(name), {})

@@ -193,7 +193,9 @@ async function showRun(name, query = new URLSearchParams()) {
   const downloads = h("div", {class: "toolbar"}, "download:",
     h("a", {id: "export-metrics", href: `/api/runs/${enc(name)}/export/metrics.csv`}, "metrics (CSV)"),
     h("a", {id: "export-config", href: `/api/runs/${enc(name)}/export/config.yaml`}, "config (YAML)"));
-  put(main, head, plotNote, plots, downloads, details, h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
+  const search = searchBox(name);
+  put(main, head, plotNote, plots, downloads, details, h("h2", {}, "Search"), search,
+      h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
   const panels = new Map();
   let recorded = null;
   let actionError = "";  // a refused Stop or Resume: shown until the next click
@@ -291,6 +293,60 @@ async function showRun(name, query = new URLSearchParams()) {
   }
   await refreshAll();
   every(3000, refreshAll);
+}
+
+// Full-text search over the run's trajectories (messages, tool arguments and results, answers):
+// each hit says where, shows its text with the match marked, and opens the trajectory marked too.
+function searchBox(name) {
+  const input = h("input", {type: "search", id: "search", placeholder: "text in messages, tool calls, answers",
+                            size: 40});
+  const results = h("div", {id: "search-results"});
+  async function run() {
+    const q = input.value.trim();
+    if (!q) { put(results, ); return; }
+    put(results, h("p", {class: "muted"}, "searching…"));
+    const {ok, body} = await api(`/api/runs/${enc(name)}/search?q=${enc(q)}`);
+    if (!ok) { put(results, h("div", {class: "error"}, body.error)); return; }
+    put(results, h("p", {class: "muted"}, `${body.total} match${body.total === 1 ? "" : "es"}` +
+                     (body.truncated ? `, the first ${body.hits.length} shown` : "")), errorList(body.errors) || "",
+      h("ol", {class: "hits"}, body.hits.map(hit => h("li", {class: "hit"},
+        h("a", {href: `#/run/${enc(name)}/t/${enc(hit.kind)}/${hit.step}/${hit.index}?q=${enc(q)}`},
+          `${hit.kind} step ${hit.step} · trajectory ${hit.index} · ${hit.sample_id} · ${hit.where}`),
+        h("div", {class: "mono snippet"}, hit.before, h("mark", {}, hit.match), hit.after)))));
+  }
+  input.addEventListener("change", run);
+  return h("div", {class: "toolbar"}, h("label", {}, "find", input), results);
+}
+
+// ``size`` characters of ``text``: its start, or around the first ``needle`` when that lies further in
+function excerpt(text, needle, size) {
+  const at = needle ? text.toLowerCase().indexOf(needle.toLowerCase()) : -1;
+  if (at < size - needle.length) return text.slice(0, size);
+  const start = Math.max(0, at - Math.floor(size / 2));
+  return `…${text.slice(start, start + size)}${start + size < text.length ? "…" : ""}`;
+}
+
+// every occurrence of ``needle`` in the text under ``root`` marked (case-insensitive); the first one scrolled to
+function highlight(root, needle) {
+  if (!needle) return;
+  const lower = needle.toLowerCase();
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  const nodes = [];
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.parentElement.closest(".tokens") && node.nodeValue.toLowerCase().includes(lower)) nodes.push(node);
+  }
+  for (const node of nodes) {
+    const text = node.nodeValue, parts = [];
+    let at = 0;
+    for (let i = text.toLowerCase().indexOf(lower); i >= 0; i = text.toLowerCase().indexOf(lower, at)) {
+      parts.push(text.slice(at, i), h("mark", {class: "found"}, text.slice(i, i + needle.length)));
+      at = i + needle.length;
+    }
+    parts.push(text.slice(at));
+    node.replaceWith(...parts);
+  }
+  const first = root.querySelector("mark.found");
+  if (first) first.scrollIntoView({block: "center"});
 }
 
 function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) {
@@ -564,8 +620,14 @@ function tokenView(sequence, mode) {
 
 // text over LONG_TEXT characters shown cut, with a button for the rest (a 5 MB tool result)
 const LONG_TEXT = 20000;
+let longTextWanted = "";  // a searched text: a long text holding it past the cut is shown whole
 function longText(text, cls = "body") {
   if (text.length <= LONG_TEXT) return h("div", {class: cls}, text);
+  if (longTextWanted && text.slice(LONG_TEXT).toLowerCase().includes(longTextWanted.toLowerCase())) {
+    const whole = h("div", {class: cls});
+    for (let at = 0; at < text.length; at += LONG_TEXT) whole.append(text.slice(at, at + LONG_TEXT));
+    return whole;
+  }
   const box = h("div", {class: cls}, text.slice(0, LONG_TEXT));
   // in pieces: Chrome lays out one text node of millions of characters as one unbreakable line
   // (blank, and the page millions of pixels wide), wrapping or not
@@ -605,13 +667,14 @@ function conversation(record) {
   }));
 }
 
-async function showTrajectory(name, kind, step, index) {
+async function showTrajectory(name, kind, step, index, find = "") {
   document.title = `${name} ${kind} ${step}/${index} · rlf ui`;
   put(main, h("p", {class: "muted"}, "loading…"));  // never the previous trajectory under this URL
   const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories/${enc(kind)}/${step}/${index}`);
   const back = h("a", {href: runLink(name)}, `← ${name}`);
   if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
   const r = body;
+  longTextWanted = find;  // the conversation below shows a long text whole when it holds the searched one
   let meta = {};
   try { meta = JSON.parse(r.metadata || "{}") || {}; } catch (e) { meta = {}; }
   const facts = kv("sample", h("span", {class: "mono"}, r.sample_id), "reward", fmt(r.reward),
@@ -652,13 +715,15 @@ async function showTrajectory(name, kind, step, index) {
   drawTokens();
   const callRows = (r.tool_calls || []).map(c => h("tr", {}, h("td", {}, fmt(c.turn)), h("td", {class: "mono nowrap"}, c.name),
     h("td", {class: "mono"}, c.arguments), h("td", {class: c.error ? "error" : ""}, c.error || "ok"),
-    h("td", {}, fmt(c.latency_s)), h("td", {class: "mono"}, (c.result || "").slice(0, 400))));
+    h("td", {}, fmt(c.latency_s)), h("td", {class: "mono"}, excerpt(c.result || "", find, 400))));
   parts.push(h("h2", {}, "Conversation"), conversation(r),
     callRows.length ? h("details", {open: true}, h("summary", {}, `Tool calls (${callRows.length})`),
       h("table", {}, h("thead", {}, h("tr", {}, ["turn", "tool", "arguments", "error", "latency (s)", "result"].map(c => h("th", {}, c)))),
         h("tbody", {}, callRows))) : null,
     h("h2", {}, "Tokens"), h("div", {class: "toolbar"}, h("label", {}, "colour", modeSelect), legend), tokensBox);
   put(main, ...parts);
+  longTextWanted = "";
+  highlight(main, find);
 }
 
 async function showSameSample(name, kind, sampleId) {
@@ -715,9 +780,9 @@ function route() {
     put(main, h("h1", {}, "Not found"), h("p", {}, h("a", {href: "#/"}, "all runs")));
     return;
   }
-  if (parts[0] === "run" && parts[2] === "t") return showTrajectory(parts[1], parts[3], Number(parts[4]), Number(parts[5]));
-  if (parts[0] === "run" && parts[2] === "same") return showSameSample(parts[1], parts[3], parts.slice(4).join("/"));
   const query = routeQuery();
+  if (parts[0] === "run" && parts[2] === "t") return showTrajectory(parts[1], parts[3], Number(parts[4]), Number(parts[5]), query.get("q") || "");
+  if (parts[0] === "run" && parts[2] === "same") return showSameSample(parts[1], parts[3], parts.slice(4).join("/"));
   if (parts[0] === "run" && parts[1]) return showRun(parts[1], query);
   if (parts[0] === "new") return showNewRun();
   return showRuns(query);
