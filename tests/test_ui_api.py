@@ -349,3 +349,14 @@ def test_search_finds_text_in_messages_tool_results_and_answers_with_where_it_is
     tiny = client.get("/api/runs/tiny/search", params={"q": "user"}).json()
     assert tiny["total"] > 0 and len(tiny["hits"]) <= 200
     assert client.get("/api/runs/no-such/search", params={"q": "x"}).status_code == 404
+
+
+def test_the_trajectory_list_sorts_every_page_by_a_column(client):
+    rows = client.get("/api/runs/tiny/trajectories", params={"kind": "train", "sort": "reward", "order": "desc"}).json()
+    rewards = [r["reward"] for r in rows["rows"]]
+    present = [r for r in rewards if r is not None]
+    assert present == sorted(present, reverse=True) and rewards[:len(present)] == present  # no reward last
+    by_step = client.get("/api/runs/tiny/trajectories", params={"kind": "eval", "sort": "step", "order": "desc"}).json()
+    assert [r["step"] for r in by_step["rows"]] == sorted((r["step"] for r in by_step["rows"]), reverse=True)
+    wrong = client.get("/api/runs/tiny/trajectories", params={"kind": "eval", "sort": "messages"})
+    assert wrong.status_code in (400, 422)

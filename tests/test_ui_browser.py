@@ -400,6 +400,40 @@ def test_search_finds_text_only_one_tool_result_holds_and_opens_it_marked(browse
         shutil.rmtree(run)
 
 
+def test_columns_sort_rows_answer_the_keyboard_and_the_page_follows_a_dark_system_setting(browser, served):
+    browser.get(f"{served['base']}/?token={TOKEN}")
+    browser.get(f"{served['base']}/#/run/tiny?kind=eval&step=all")
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) > 4, message="every step's rows")
+    header = browser.find_element(By.CSS_SELECTOR, "th.sortable[data-sort='step']")
+    header.click()  # ascending
+    header = browser.find_element(By.CSS_SELECTOR, "th.sortable[data-sort='step']")
+    header.click()  # descending
+    order = "return [...document.querySelectorAll('tr.trajectory-row')].map(r => r.dataset.step + '/' + r.dataset.index)"
+    wait(browser, lambda d: "order=desc" in d.current_url and [int(x.split("/")[0]) for x in d.execute_script(order)]
+         == sorted((int(x.split("/")[0]) for x in d.execute_script(order)), reverse=True), message="the rows sorted")
+    shown = browser.execute_script(order)
+    assert int(shown[0].split("/")[0]) > int(shown[-1].split("/")[0])
+    # the keyboard: rows take the focus, j and k move it, Enter opens the row
+    browser.execute_script("document.querySelector('tr.trajectory-row').focus()")
+    focused = "return document.activeElement.dataset.step + '/' + document.activeElement.dataset.index"
+    for key in ("j", "j", "k"):
+        browser.switch_to.active_element.send_keys(key)
+    assert browser.execute_script(focused) == shown[1]
+    browser.switch_to.active_element.send_keys("\n")
+    wait(browser, lambda d: "/t/eval/" in d.current_url, message="Enter opening the focused row")
+    assert browser.current_url.split("/t/eval/")[1].split("?")[0] == shown[1]
+    # a dark system setting: the page in dark colours, its plots too
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    try:
+        browser.get(f"{served['base']}/#/run/tiny")
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".plot .main-svg"), message="the plots")
+        background = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(13, 17, 23)"
+        assert browser.execute_script("return document.querySelector('.plot').data !== undefined")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""

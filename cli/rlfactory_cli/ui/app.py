@@ -25,7 +25,7 @@ from rlfactory_core.records import RecordError
 
 from . import export, new_run, search
 from .launcher import LaunchError, Launcher
-from .runs_data import RunsData
+from .runs_data import SORTABLE, RunsData
 from .security import AccessGuard, PathRefused
 
 __all__ = ["create_app"]
@@ -109,11 +109,13 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     def trajectories(name: str, kind: str = "eval", step: int | None = None, min_reward: float | None = None,
                      max_reward: float | None = None, stop_reason: str | None = None,
                      tool_error: str | None = None, sample_id: str | None = None, outcome: str | None = None,
+                     sort: str | None = Query(None, pattern=f"^({'|'.join(SORTABLE)})$"),
+                     order: str = Query("asc", pattern="^(asc|desc)$"),
                      offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
         return JSONResponse(data.trajectories(
             name, _kind(kind), step=step, min_reward=min_reward, max_reward=max_reward,
             stop_reason=stop_reason or None, tool_error=tool_error or None, sample_id=sample_id or None,
-            outcome=outcome or None, offset=offset, limit=limit))
+            outcome=outcome or None, sort=sort or None, descending=order == "desc", offset=offset, limit=limit))
 
     @app.get("/api/runs/{name}/trajectories/{kind}/{step}/{index}")
     def trajectory(name: str, kind: str, step: int, index: int) -> Response:

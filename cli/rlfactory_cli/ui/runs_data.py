@@ -36,6 +36,8 @@ HELD_OUT_KEYS = ("eval/reward/accuracy", "eval/reward/mean")
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "status.json")
 #: Step files read side by side when a request reads many.
 READ_THREADS = 8
+#: The trajectory list's columns it can be sorted by.
+SORTABLE = ("step", "index", "sample_id", "group", "reward", "advantage", "num_turns", "stop_reason", "outcome")
 #: Why a file of a run is not read: it leads out of the runs directory (README, `rlf ui`).
 REFUSED = "a symlink out of the runs directory: not read"
 
@@ -269,9 +271,11 @@ class RunsData:
     def trajectories(self, name: str, kind: str, *, step: int | None = None, min_reward: float | None = None,
                      max_reward: float | None = None, stop_reason: str | None = None,
                      tool_error: str | None = None, sample_id: str | None = None, outcome: str | None = None,
+                     sort: str | None = None, descending: bool = False,
                      offset: int = 0, limit: int = 100) -> dict[str, Any]:
         """The recorded trajectories of ``kind`` at ``step`` (every step when None) that pass
-        the filters: their scalar columns, ``limit`` of them from ``offset``."""
+        the filters: their scalar columns, ``limit`` of them from ``offset``; in step and index
+        order, or by ``sort`` (one of :data:`SORTABLE`; rows without a value last)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -310,6 +314,12 @@ class RunsData:
         if sample_id:
             keep.append(pc.match_substring(table["sample_id"], sample_id))
         kept = table.filter(functools.reduce(pc.and_kleene, keep)) if keep else table
+        if sort is not None:
+            if sort not in SORTABLE:
+                raise RecordError(f"cannot sort by {sort!r}: sort by one of {', '.join(SORTABLE)}")
+            order = "descending" if descending else "ascending"
+            kept = kept.take(pc.sort_indices(kept, sort_keys=[(sort, order, "at_end"), ("step", "ascending"),
+                                                              ("index", "ascending")]))
         facets = {"stop_reasons": sorted(str(v) for v in pc.unique(table["stop_reason"]).to_pylist() if v),
                   "outcomes": sorted(str(v) for v in pc.unique(table["outcome"]).to_pylist() if v)
                   + sorted(str(v) for v in pc.unique(table["outcome_side"]).to_pylist() if v),

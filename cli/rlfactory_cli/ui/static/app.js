@@ -83,12 +83,16 @@ function plot(el, traces, layout) {
   const last = steps.length ? Math.max(...steps.slice(-5000)) : 1;
   if (!window.Plotly) { el.textContent = "plotly.js did not load"; return; }
   const {title, ...rest} = layout;
-  Plotly.react(el, traces, {margin: {l: 45, r: 10, t: 32, b: 28}, font: {size: 11},
+  const colour = getComputedStyle(document.documentElement).getPropertyValue("--fg").trim() || "#1d2329";
+  Plotly.react(el, traces, {margin: {l: 45, r: 10, t: 32, b: 28}, font: {size: 11, color: colour},
+                            paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
                             title: {...title, x: 0.01, xanchor: "left", font: {size: 13}},
                             legend: {orientation: "h", x: 0, y: -0.12, yanchor: "top"}, showlegend: traces.length > 1,
                             xaxis: {automargin: true, tick0: 0, dtick: Math.max(1, Math.ceil(last / 8))},
                             yaxis: {automargin: true}, hovermode: "x unified", ...rest},
                {displaylogo: false, responsive: true, displayModeBar: "hover"});
+  // the plots' toolbars out of the Tab order: the filters come first for a keyboard
+  for (const button of el.querySelectorAll(".modebar-btn, a")) button.setAttribute("tabindex", "-1");
 }
 
 function every(ms, fn) { clearInterval(timer); timer = setInterval(fn, ms); }
@@ -361,7 +365,28 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   const toolError = h("select", {id: "tool-error"}, h("option", {value: ""}, "any"));
   const outcome = h("select", {id: "outcome"}, h("option", {value: ""}, "any"));
   const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
-  const rows = h("tbody");
+  const rows = h("tbody", {onkeydown: e => {  // j/k (or the arrows) move between rows, Enter opens one
+    const row = e.target.closest("tr.trajectory-row");
+    if (!row) return;
+    const next = ["j", "ArrowDown"].includes(e.key) ? row.nextElementSibling
+      : ["k", "ArrowUp"].includes(e.key) ? row.previousElementSibling : null;
+    if (next) { next.focus(); e.preventDefault(); }
+    if (e.key === "Enter") location.hash = row.dataset.href;
+  }});
+  // sortable columns: a click sorts by it, a second click the other way (the server sorts every page)
+  let sortBy = query.get("sort") || "", order = query.get("order") === "desc" ? "desc" : "asc";
+  const COLUMNS = [["step", "step"], ["#", "index"], ["sample", "sample_id"], ["group", "group"], ["reward", "reward"],
+                   ["advantage", "advantage"], ["stop", "stop_reason"], ["outcome", "outcome"], ["turns", "num_turns"],
+                   ["tool errors", null], ["final answer", null]];
+  const header = h("tr");
+  function drawHeader() {
+    put(header, ...COLUMNS.map(([label, key]) => key === null ? h("th", {}, label) : h("th", {
+      class: "sortable", tabindex: 0, dataset: {sort: key}, "aria-sort": sortBy === key ? (order === "asc" ? "ascending" : "descending") : "none",
+      onclick: () => { order = sortBy === key && order === "asc" ? "desc" : "asc"; sortBy = key; offset = 0; drawHeader(); load(); },
+      onkeydown: e => { if (e.key === "Enter") e.target.click(); }},
+      label, sortBy === key ? (order === "asc" ? " ▲" : " ▼") : "")));
+  }
+  drawHeader();
   const PAGE = 200;
   let offset = Math.max(0, Number(query.get("offset")) || 0);
   minReward.value = query.get("min_reward") || "";
@@ -392,7 +417,8 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   function remember() {
     setQuery({kind: kind.value, step: step.value === "" ? "all" : step.value, min_reward: minReward.value,
               max_reward: maxReward.value, stop_reason: stopReason.value, tool_error: toolError.value,
-              outcome: outcome.value, sample_id: sampleId.value, offset: offset || ""});
+              outcome: outcome.value, sample_id: sampleId.value, sort: sortBy, order: sortBy ? order : "",
+              offset: offset || ""});
     // the export is the list as filtered now, every page of it
     const params = new URLSearchParams({kind: kind.value});
     for (const [key, value] of [["step", step.value], ["min_reward", minReward.value], ["max_reward", maxReward.value],
@@ -410,6 +436,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
                     outcome: outcome.value || wanted.outcome};
     for (const [key, value] of Object.entries(chosen)) if (value) params.set(key, value);
     if (sampleId.value) params.set("sample_id", sampleId.value);
+    if (sortBy) { params.set("sort", sortBy); params.set("order", order); }
     const {ok, body} = await api(`/api/runs/${enc(name)}/trajectories?${params}`);
     if (!ok) { put(errors, h("div", {class: "error"}, body.error)); put(rows, ); return; }
     put(errors, errorList(body.errors) || "");
@@ -430,7 +457,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     next.disabled = offset + body.rows.length >= body.total;
     // rows are links: a click opens the trajectory, a middle click or a copied link a new tab
     put(rows, ...body.rows.map(r => { const href = `#/run/${enc(name)}/t/${enc(r.kind)}/${r.step}/${r.index}`;
-      return h("tr", {class: "clickable trajectory-row", dataset: {index: r.index, step: r.step},
+      return h("tr", {class: "clickable trajectory-row", tabindex: 0, dataset: {index: r.index, step: r.step, href},
         onclick: e => { if (!e.target.closest("a")) location.hash = href; }},
       h("td", {}, h("a", {href}, String(r.step))), h("td", {}, r.index), h("td", {class: "mono"}, r.sample_id),
       h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
@@ -450,8 +477,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
       h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
       h("label", {}, "tool error", toolError), h("label", {}, "outcome", outcome), sampleId),
     h("div", {class: "toolbar"}, status, previous, next, exportLink), errors,
-    h("table", {id: "trajectory-table"}, h("thead", {}, h("tr", {}, ["step", "#", "sample", "group", "reward", "advantage",
-      "stop", "outcome", "turns", "tool errors", "final answer"].map(c => h("th", {}, c)))), rows));
+    h("table", {id: "trajectory-table"}, h("thead", {}, header), rows));
   fillSteps();
   load();
 }
