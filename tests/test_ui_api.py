@@ -3,8 +3,11 @@ the real app and its access guard: runs and their states, metrics, recorded traj
 their filters, pre-records runs, damaged files, traversal attempts, and the new-run form."""
 
 import gzip
+import json
 import os
 import shutil
+import socket
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -360,3 +363,46 @@ def test_the_trajectory_list_sorts_every_page_by_a_column(client):
     assert [r["step"] for r in by_step["rows"]] == sorted((r["step"] for r in by_step["rows"]), reverse=True)
     wrong = client.get("/api/runs/tiny/trajectories", params={"kind": "eval", "sort": "messages"})
     assert wrong.status_code in (400, 422)
+
+
+def test_runs_are_tagged_and_deleted_safely(ui_runs_dir, tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("ui-delete") / "runs"
+    runs_dir.mkdir()
+    for name in ("tiny", "killed"):
+        shutil.copytree(ui_runs_dir / name, runs_dir / name, symlinks=True)
+    elsewhere = tmp_path_factory.mktemp("kept") / "target"
+    shutil.copytree(ui_runs_dir / "tiny", elsewhere, symlinks=True)
+    (runs_dir / "tiny" / "checkpoints").mkdir(exist_ok=True)
+    (runs_dir / "tiny" / "checkpoints" / "outside-link").symlink_to(elsewhere, target_is_directory=True)
+    inside_target = runs_dir / ".hidden-target"
+    shutil.copytree(ui_runs_dir / "tiny", inside_target, symlinks=True)
+    (runs_dir / "linked").symlink_to(inside_target, target_is_directory=True)
+    client = TestClient(create_app(runs_dir, token=TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}",
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    # tags: kept beside the runs, shown in the list, checked
+    assert client.put("/api/runs/tiny/tags", json={"tags": ["baseline", " lr-1e-5 ", "baseline"]}).json()["tags"] == \
+        ["baseline", "lr-1e-5"]
+    runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert runs["tiny"]["tags"] == ["baseline", "lr-1e-5"] and runs["killed"]["tags"] == []
+    for bad in ("baseline", ["x" * 41], ["a\nb"], [1], ["t"] * 21):
+        response = client.put("/api/runs/tiny/tags", json={"tags": bad})
+        assert response.status_code == 400 and "tags must be a list" in response.json()["error"]
+    assert client.put("/api/runs/no-such/tags", json={"tags": ["x"]}).status_code == 404
+    # delete: never from another site, never a running run
+    cross = client.delete("/api/runs/tiny", headers={"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"})
+    assert cross.status_code == 403 and (runs_dir / "tiny").is_dir()
+    status = json.loads((runs_dir / "killed" / "status.json").read_text())
+    (runs_dir / "killed" / "status.json").write_text(json.dumps({**status, "host": socket.gethostname(),
+                                                                 "pid": os.getpid(), "updated_at": time.time()}))
+    refused = client.delete("/api/runs/killed")
+    assert refused.status_code == 409 and "is running" in refused.json()["error"] and (runs_dir / "killed").is_dir()
+    # a run's own directory goes; a link inside it goes without its target
+    assert client.delete("/api/runs/tiny").json() == {"deleted": "tiny"}
+    assert not (runs_dir / "tiny").exists() and (elsewhere / "config.yaml").is_file()
+    # a run that is a symlink: the link goes, its target stays
+    assert client.delete("/api/runs/linked").status_code == 200
+    assert not (runs_dir / "linked").is_symlink() and (inside_target / "config.yaml").is_file()
+    assert client.get("/api/runs").json()["runs"][0]["name"] == "killed"
+    for path in ("/api/runs/..", "/api/runs/%2e%2e", "/api/runs/.hidden-target%2F..", "/api/runs/no-such"):
+        assert client.delete(path).status_code in (400, 404, 405)
+    assert (runs_dir / ".hidden-target").is_dir() and runs_dir.is_dir()

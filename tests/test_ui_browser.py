@@ -434,6 +434,32 @@ def test_columns_sort_rows_answer_the_keyboard_and_the_page_follows_a_dark_syste
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
 
 
+def test_the_runs_list_finds_tags_and_deletes_runs_asking_first(browser, served):
+    shutil.copytree(served["runs"] / "old", served["runs"] / "spare", symlinks=True)
+    browser.get(f"{served['base']}/?token={TOKEN}")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr.run[data-run='spare']"), message="the runs list")
+    row = "tr.run[data-run='spare']"
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.edit-tags").click()
+    browser.switch_to.alert.send_keys("to-delete, sweep 3")
+    browser.switch_to.alert.accept()
+    wait(browser, lambda d: [t.text for t in d.find_elements(By.CSS_SELECTOR, f"{row} .tag")] == ["to-delete", "sweep 3"],
+         message="the tags")
+    browser.find_element(By.ID, "run-search").send_keys("sweep")
+    wait(browser, lambda d: [r.get_attribute("data-run") for r in d.find_elements(By.CSS_SELECTOR, "tr.run")] == ["spare"],
+         message="the runs the words find")
+    assert "find=sweep" in browser.current_url
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.delete").click()
+    browser.switch_to.alert.dismiss()  # asked first: no, keep it
+    time.sleep(0.5)
+    assert (served["runs"] / "spare").is_dir()
+    browser.find_element(By.CSS_SELECTOR, f"{row} button.delete").click()
+    assert "spare" in browser.switch_to.alert.text
+    browser.switch_to.alert.accept()
+    wait(browser, lambda d: not (served["runs"] / "spare").exists() and not d.find_elements(By.CSS_SELECTOR, row),
+         message="the run deleted")
+    browser.find_element(By.ID, "run-search").clear()
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""

@@ -161,6 +161,20 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     def stop(name: str) -> dict[str, Any]:
         return {"stopped": name, "pid": launcher.stop(name)}
 
+    @app.delete("/api/runs/{name}")
+    def delete(name: str) -> dict[str, Any]:
+        launcher.delete(name)
+        data.forget(name)
+        return {"deleted": name}
+
+    @app.put("/api/runs/{name}/tags")
+    def tags(name: str, body: dict[str, Any] = Body(...)) -> JSONResponse:
+        data.run_dir(name)  # an unknown run: 404 (PathRefused), not a bad tag
+        try:
+            return JSONResponse({"name": name, "tags": data.set_tags(name, body.get("tags"))})
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
     @app.post("/api/runs/{name}/resume")
     def resume(name: str) -> dict[str, Any]:
         launcher.resume(name)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -116,6 +117,24 @@ class Launcher:
         if not (run_dir / "checkpoints").is_dir() or not any((run_dir / "checkpoints").iterdir()):
             return "no checkpoint to resume from"
         return None
+
+    def delete(self, name: str) -> None:
+        """Delete the run ``name``: its own directory, or, for a run that is a symlink in the
+        runs directory, only the link (its target is left alone). Refused while it runs."""
+        entry = self.runs_dir / name
+        run_dir = run_dir_of(self.runs_dir, name)  # a run directly in the runs directory, or PathRefused
+        status = read_status(run_dir)
+        with self.lock:
+            child = self.children.get(name)
+        if status.state == "running" or _in_use(run_dir) or (child is not None and child.poll() is None):
+            raise LaunchError(f"{name} is running: stop it first, then delete it")
+        if entry.is_symlink():
+            entry.unlink()
+        else:
+            shutil.rmtree(entry)  # never follows a symlink inside it: a link is removed, its target kept
+        with self.lock:
+            self.children.pop(name, None)
+            self.stopping.pop(name, None)
 
     def stop(self, name: str) -> int:
         """SIGTERM to the run's ``rlf train``; its pid."""

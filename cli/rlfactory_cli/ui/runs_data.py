@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
+from rlfactory_core._fs import write_text_atomic
 from rlfactory_core.errors import RLFactoryError
 from rlfactory_core.metrics import read_metrics
 from rlfactory_core.records import RECORDS_DIR, RecordError, RunRecords, scalar_schema
@@ -36,6 +37,9 @@ HELD_OUT_KEYS = ("eval/reward/accuracy", "eval/reward/mean")
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "status.json")
 #: Step files read side by side when a request reads many.
 READ_THREADS = 8
+#: Where the runs' tags are kept, in the runs directory (a dot file: not a run).
+TAGS_FILE = ".rlf-ui-tags.json"
+MAX_TAGS = 20
 #: The trajectory list's columns it can be sorted by.
 SORTABLE = ("step", "index", "sample_id", "group", "reward", "advantage", "num_turns", "stop_reason", "outcome")
 #: Why a file of a run is not read: it leads out of the runs directory (README, `rlf ui`).
@@ -100,6 +104,7 @@ class RunsData:
         summary; without it, the status as it is, nothing offered."""
         self.runs_dir = Path(runs_dir).resolve()
         self.controls = controls
+        self._tags_file = _FileCache(lambda path: json.loads(path.read_text(encoding="utf-8")))
         self._metrics = _FileCache(_metrics_file)
         self._series = _FileCache(self._series_of)
         self._series_json = _FileCache(lambda path: _json(self._series(path)))
@@ -197,7 +202,7 @@ class RunsData:
             "env": _get(config, "env"), "model": _get(config, "model", "name"), "engine": _get(config, "engine"),
             "seed": _get(config, "train", "seed"), "held_out": held_out, "started_at": started,
             "updated_at": status.updated_at, "pid": status.pid, "exiting": still_exiting(run_dir, status),
-            "errors": errors, **offered,
+            "errors": errors, "tags": self.tags().get(run_dir.name, []), **offered,
         })
 
     def run(self, name: str) -> dict[str, Any]:
@@ -344,6 +349,42 @@ class RunsData:
         import orjson
 
         return orjson.dumps(self.trajectory(name, kind, step, index))
+
+    # ------------------------------------------------------------------ tags
+
+    def tags(self) -> dict[str, list[str]]:
+        """Every run's tags (``RUNS_DIR/.rlf-ui-tags.json``: ``{run: [tag, ...]}``); {} when there
+        are none or the file is damaged (the next :meth:`set_tags` writes it whole again)."""
+        path = self.runs_dir / TAGS_FILE
+        try:
+            tags = self._tags_file(path) if path.is_file() and not path.is_symlink() else {}
+        except (OSError, ValueError):
+            return {}
+        return tags if isinstance(tags, dict) else {}
+
+    def set_tags(self, name: str, tags: Any) -> list[str]:
+        """Set ``name``'s tags (a list of up to 20 texts of 1-40 characters, no control
+        characters; duplicates dropped); :class:`PathRefused` for an unknown run, ``ValueError``
+        (one line) for bad tags."""
+        run_dir = self.run_dir(name)
+        if not isinstance(tags, list) or len(tags) > MAX_TAGS or not all(
+                isinstance(t, str) and 0 < len(t.strip()) <= 40 and t.isprintable() for t in tags):
+            raise ValueError(f"tags must be a list of at most {MAX_TAGS} texts of 1 to 40 printable characters")
+        clean = list(dict.fromkeys(t.strip() for t in tags))
+        with self._lock:
+            every = {k: v for k, v in self.tags().items() if (self.runs_dir / k).exists()}
+            if clean:
+                every[run_dir.name] = clean
+            else:
+                every.pop(run_dir.name, None)
+            write_text_atomic(self.runs_dir / TAGS_FILE, json.dumps(every, ensure_ascii=False, sort_keys=True))
+        return clean
+
+    def forget(self, name: str) -> None:
+        """Drop what is cached of a run that is gone (deleted)."""
+        with self._lock:
+            self._prefetched = {k: v for k, v in self._prefetched.items() if k.name != name}
+            self._combined_tables = {k: v for k, v in self._combined_tables.items() if k[0].name != name}
 
     def recorded_files(self, name: str, errors: dict[str, str]) -> dict[str, dict[int, Path]]:
         """Every kind's recorded step files that may be read (``{kind: {step: path}}``), the

@@ -109,13 +109,17 @@ async function showRuns(query = new URLSearchParams()) {
      "train/kl", "train/entropy", "time/step"].map(k => h("option", {value: k}, k)));
   const chart = h("div", {class: "plot", id: "compare-plot", hidden: true});
   const errors = h("div");
+  // a run is shown when every word typed is in its name, env, model, state or tags
+  const find = h("input", {type: "search", id: "run-search", placeholder: "find runs (name, env, model, tag)",
+                           value: query.get("find") || "", oninput: () => { refresh(); remember(); }});
   put(main, h("h1", {}, "Runs"),
-    h("div", {class: "toolbar"}, compareButton, metricSelect, h("a", {href: "#/new"}, "New run")), chart, errors,
+    h("div", {class: "toolbar"}, find, compareButton, metricSelect, h("a", {href: "#/new"}, "New run")), chart, errors,
     h("table", {id: "runs"}, h("thead", {}, h("tr", {}, ["", "run", "status", "env", "model", "step", "held-out",
-                                                           "started"].map(c => h("th", {}, c)))), table));
+                                                           "started", "tags", ""].map(c => h("th", {}, c)))), table));
 
   if (query.get("metric")) metricSelect.value = query.get("metric");
-  const remember = () => setQuery({compare: [...selected].join(","), metric: chart.hidden ? "" : metricSelect.value});
+  const remember = () => setQuery({find: find.value, compare: [...selected].join(","),
+                                   metric: chart.hidden ? "" : metricSelect.value});
 
   async function compare() {
     const key = metricSelect.value;
@@ -131,12 +135,35 @@ async function showRuns(query = new URLSearchParams()) {
   }
   metricSelect.addEventListener("change", () => { if (!chart.hidden) compare(); });
 
+  async function editTags(run) {
+    const text = window.prompt(`Tags of ${run.name}, separated by commas`, (run.tags || []).join(", "));
+    if (text === null) return;
+    const tags = text.split(",").map(t => t.trim()).filter(Boolean);
+    const r = await api(`/api/runs/${enc(run.name)}/tags`, {method: "PUT", headers: {"Content-Type": "application/json"},
+                                                             body: JSON.stringify({tags})});
+    put(errors, r.ok ? "" : h("div", {class: "error"}, r.body.error));
+    refresh();
+  }
+
+  async function remove(run) {  // asked first; the server refuses a running run
+    if (!window.confirm(`Delete the run ${run.name} and every file in its directory? This cannot be undone.`)) return;
+    const r = await api(`/api/runs/${enc(run.name)}`, {method: "DELETE"});
+    put(errors, r.ok ? "" : h("div", {class: "error"}, r.body.error));
+    selected.delete(run.name);
+    refresh();
+  }
+
   async function refresh() {
     const {ok, body} = await api("/api/runs");
     if (!ok) { put(errors, h("div", {class: "error"}, body.error)); return; }
     document.getElementById("runs-dir").textContent = body.runs_dir;
     put(errors, );
-    put(table, ...body.runs.map(run => {
+    const words = find.value.toLowerCase().split(/\s+/).filter(Boolean);
+    const shown = body.runs.filter(run => {
+      const text = [run.name, run.env, run.model, run.state, ...(run.tags || [])].join(" ").toLowerCase();
+      return words.every(w => text.includes(w));
+    });
+    put(table, ...shown.map(run => {
       const box = h("input", {type: "checkbox", "aria-label": `select ${run.name}`, checked: selected.has(run.name),
         onchange: e => { e.target.checked ? selected.add(run.name) : selected.delete(run.name);
                          compareButton.disabled = selected.size < 2; remember(); }});
@@ -146,9 +173,14 @@ async function showRuns(query = new URLSearchParams()) {
                             Object.keys(run.errors || {}).length ? h("div", {class: "error"}, Object.entries(run.errors).map(e => e.join(": ")).join("; ")) : null),
         h("td", {}, stateBadge(run.state, run.message)), h("td", {}, run.env || "–"),
         h("td", {class: "mono"}, run.model || "–"), h("td", {}, `${fmt(run.step)} / ${fmt(run.steps)}`),
-        h("td", {}, held), h("td", {}, when(run.started_at)));
+        h("td", {}, held), h("td", {}, when(run.started_at)),
+        h("td", {class: "tags"}, (run.tags || []).map(t => h("span", {class: "tag"}, t)),
+          h("button", {type: "button", class: "edit-tags", title: "edit the tags", onclick: () => editTags(run)}, "✎")),
+        h("td", {}, h("button", {type: "button", class: "delete", disabled: ["running", "starting", "stopping"].includes(run.state),
+          title: "delete this run's directory", onclick: () => remove(run)}, "delete")));
     }));
-    if (!body.runs.length) put(table, h("tr", {}, h("td", {colspan: 8, class: "muted"},
+    if (body.runs.length && !shown.length) put(table, h("tr", {}, h("td", {colspan: 10, class: "muted"}, "No run matches.")));
+    if (!body.runs.length) put(table, h("tr", {}, h("td", {colspan: 10, class: "muted"},
       "No runs here yet: start one with `rlf train` or from New run.")));
   }
   await refresh();
