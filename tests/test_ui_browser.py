@@ -82,8 +82,8 @@ def test_from_the_runs_list_to_a_trajectory_whose_token_colours_are_its_loss_mas
         browser.find_element(By.CSS_SELECTOR, f"tr.run[data-run='{run}'] input[type=checkbox]").click()
     browser.find_element(By.ID, "compare").click()
     wait(browser, lambda d: d.execute_script(
-        "const p = document.getElementById('compare-plot'); return p.data && p.data.length === 2"), message="compare")
-    names = browser.execute_script("return document.getElementById('compare-plot').data.map(t => t.name)")
+        "const p = document.querySelector('#compare-plot .plot'); return p && p.data && p.data.length === 2"), message="compare")
+    names = browser.execute_script("return document.querySelector('#compare-plot .plot').data.map(t => t.name)")
     assert sorted(names) == ["old", "tiny"]
     save_screenshot(browser, "ui-runs")
 
@@ -353,8 +353,8 @@ def test_the_views_state_is_in_the_url_back_reload_and_links_restore_it(browser,
     browser.refresh()  # a reload, or the link pasted elsewhere
     wait(browser, restored, message="the list as it was, after a reload")
     browser.get(f"{base}/#/?compare=tiny,old&metric=eval%2Freward%2Faccuracy")
-    wait(browser, lambda d: d.execute_script("const c = document.getElementById('compare-plot');"
-                                             "return c && !c.hidden && c.data && c.data.length === 2"),
+    wait(browser, lambda d: d.execute_script("const c = document.querySelector('#compare-plot .plot');"
+                                             "return c && c.data && c.data.length === 2"),
          message="the comparison from its link")
     assert browser.find_element(By.ID, "compare-metric").get_attribute("value") == "eval/reward/accuracy"
     # a run or a step that is not there: a message, not a blank page
@@ -458,6 +458,40 @@ def test_the_runs_list_finds_tags_and_deletes_runs_asking_first(browser, served)
     wait(browser, lambda d: not (served["runs"] / "spare").exists() and not d.find_elements(By.CSS_SELECTOR, row),
          message="the run deleted")
     browser.find_element(By.ID, "run-search").clear()
+
+
+def test_plots_smooth_take_a_log_axis_or_wall_time_and_compare_any_metrics_at_once(browser, served):
+    browser.get(f"{served['base']}/?token={TOKEN}")
+    browser.get(f"{served['base']}/#/run/tiny")
+    panel = "return (document.querySelector(\"[data-panel='Reward (training)']\") || {}).data || null"
+    wait(browser, lambda d: d.execute_script(panel), message="the training reward panel")
+    raw = api(served, "/api/runs/tiny/metrics")["series"]
+    values = [v for _, v in raw["reward/mean"]]
+    browser.execute_script("const s = document.getElementById('smoothing'); s.value = 0.5;"
+                           "s.dispatchEvent(new Event('input'))")
+    expected, last = [], None
+    for v in values:  # the exponential moving average, weight 0.5
+        last = v if last is None else last * 0.5 + v * 0.5
+        expected.append(last)
+    wait(browser, lambda d: [round(y, 9) for y in d.execute_script(panel)[0]["y"]] == [round(y, 9) for y in expected],
+         message="the smoothed curve")
+    browser.find_element(By.ID, "log-y").click()
+    Select(browser.find_element(By.ID, "x-axis")).select_by_value("time")
+    layout = "return document.querySelector(\"[data-panel='Reward (training)']\").layout"
+    wait(browser, lambda d: d.execute_script(layout)["yaxis"]["type"] == "log", message="the log axis")
+    xs = browser.execute_script(panel)[0]["x"]
+    assert xs == sorted(xs) and 0 <= xs[0] and xs[-1] < 60  # minutes since the run's first record
+    browser.execute_script("for (const id of ['smoothing']) { const s = document.getElementById(id); s.value = 0;"
+                           " s.dispatchEvent(new Event('input')); }")
+    browser.find_element(By.ID, "log-y").click()
+    Select(browser.find_element(By.ID, "x-axis")).select_by_value("step")
+    # the comparison: any metric the runs logged, several at once
+    browser.get(f"{served['base']}/#/?compare=tiny,old&metric=eval%2Freward%2Faccuracy,reward%2Fmean")
+    charts = "return [...document.querySelectorAll('#compare-plot .plot')].map(p => [p.dataset.metric, (p.data || []).length])"
+    wait(browser, lambda d: d.execute_script(charts) == [["eval/reward/accuracy", 2], ["reward/mean", 2]],
+         message="two comparisons")
+    offered = [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#compare-metric option")]
+    assert "train/loss" in offered or any(k.startswith("train/") for k in offered)  # not a fixed list of 8
 
 
 def click_when_enabled(driver, button_id):

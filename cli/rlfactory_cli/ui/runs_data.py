@@ -267,7 +267,8 @@ class RunsData:
             if not isinstance(step, int):
                 continue
             for key, value in record.items():
-                if key not in ("step", "time") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                # "time" (the record's wall clock) too: the plots' x axis by wall time reads it
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                     series.setdefault(key, []).append([step, value if math.isfinite(value) else None])
         return series
 

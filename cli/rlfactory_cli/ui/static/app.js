@@ -95,6 +95,38 @@ function plot(el, traces, layout) {
   for (const button of el.querySelectorAll(".modebar-btn, a")) button.setAttribute("tabindex", "-1");
 }
 
+// The plots' options, the same for every panel of a page: exponential smoothing, a log y axis,
+// and the x axis by step or by wall time (minutes since the run's first record).
+const plotOptions = {smoothing: 0, log: false, x: "step"};
+
+function smoothed(values, weight) {  // an exponential moving average, as TensorBoard's slider
+  if (!weight) return values;
+  let last = null;
+  return values.map(v => (v === null ? v : (last = last === null ? v : last * weight + v * (1 - weight))));
+}
+
+function shaped(trace, series) {  // a trace's x and y under plotOptions
+  let x = trace.x;
+  if (plotOptions.x === "time" && series.time) {
+    const at = new Map(series.time.map(([step, t]) => [step, t]));
+    const start = series.time.length ? series.time[0][1] : 0;
+    x = trace.x.map(step => (at.has(step) ? (at.get(step) - start) / 60 : null));
+  }
+  return {...trace, x, y: trace.type === "bar" ? trace.y : smoothed(trace.y, plotOptions.smoothing)};
+}
+
+function plotControls(onChange) {
+  const smooth = h("input", {type: "range", id: "smoothing", min: 0, max: 0.99, step: 0.01, value: plotOptions.smoothing,
+                             oninput: e => { plotOptions.smoothing = Number(e.target.value); onChange(); }});
+  const log = h("input", {type: "checkbox", id: "log-y", checked: plotOptions.log,
+                          onchange: e => { plotOptions.log = e.target.checked; onChange(); }});
+  const x = h("select", {id: "x-axis", onchange: e => { plotOptions.x = e.target.value; onChange(); }},
+              h("option", {value: "step"}, "step"), h("option", {value: "time"}, "wall time (min)"));
+  x.value = plotOptions.x;
+  return h("div", {class: "toolbar plot-controls"}, h("label", {}, "smoothing", smooth), h("label", {}, log, "log y"),
+           h("label", {}, "x", x));
+}
+
 function every(ms, fn) { clearInterval(timer); timer = setInterval(fn, ms); }
 
 // ---------------------------------------------------------------- runs
@@ -104,33 +136,43 @@ async function showRuns(query = new URLSearchParams()) {
   const table = h("tbody");
   const selected = new Set((query.get("compare") || "").split(",").filter(Boolean));
   const compareButton = h("button", {id: "compare", disabled: true, onclick: () => compare()}, "Compare selected");
-  const metricSelect = h("select", {id: "compare-metric"},
+  // any metric the selected runs logged, several at once (one chart each): ctrl/shift-click to pick more
+  const metricSelect = h("select", {id: "compare-metric", multiple: true, size: 4},
     ["eval/reward/accuracy", "eval/reward/mean", "reward/mean", "reward/accuracy", "tools/calls_per_trajectory",
      "train/kl", "train/entropy", "time/step"].map(k => h("option", {value: k}, k)));
-  const chart = h("div", {class: "plot", id: "compare-plot", hidden: true});
+  const chart = h("div", {id: "compare-plot", hidden: true});
+  const chosen = () => [...metricSelect.selectedOptions].map(o => o.value);
   const errors = h("div");
   // a run is shown when every word typed is in its name, env, model, state or tags
   const find = h("input", {type: "search", id: "run-search", placeholder: "find runs (name, env, model, tag)",
                            value: query.get("find") || "", oninput: () => { refresh(); remember(); }});
   put(main, h("h1", {}, "Runs"),
-    h("div", {class: "toolbar"}, find, compareButton, metricSelect, h("a", {href: "#/new"}, "New run")), chart, errors,
+    h("div", {class: "toolbar"}, find, compareButton, metricSelect, h("a", {href: "#/new"}, "New run")),
+    plotControls(() => { if (!chart.hidden) compare(); }), chart, errors,
     h("table", {id: "runs"}, h("thead", {}, h("tr", {}, ["", "run", "status", "env", "model", "step", "held-out",
                                                            "started", "tags", ""].map(c => h("th", {}, c)))), table));
 
-  if (query.get("metric")) metricSelect.value = query.get("metric");
+  const wantedMetrics = (query.get("metric") || "").split(",").filter(Boolean);
   const remember = () => setQuery({find: find.value, compare: [...selected].join(","),
-                                   metric: chart.hidden ? "" : metricSelect.value});
+                                   metric: chart.hidden ? "" : chosen().join(",")});
 
   async function compare() {
-    const key = metricSelect.value;
-    const traces = [];
-    for (const name of selected) {
-      const {body} = await api(`/api/runs/${enc(name)}/metrics`);
-      const points = (body.series || {})[key] || [];
-      traces.push({x: points.map(p => p[0]), y: points.map(p => p[1]), name, mode: "lines+markers"});
-    }
+    const series = {};
+    for (const name of selected) series[name] = (await api(`/api/runs/${enc(name)}/metrics`)).body.series || {};
+    // every metric any of them logged is offered; the chosen ones stay chosen
+    const keys = [...new Set(Object.values(series).flatMap(s => Object.keys(s)))].filter(k => k !== "time").sort();
+    const keep = new Set([...chosen(), ...wantedMetrics.splice(0)]);
+    if (!keep.size) keep.add("eval/reward/accuracy");
+    put(metricSelect, ...keys.map(k => h("option", {value: k, selected: keep.has(k)}, k)));
     chart.hidden = false;
-    plot(chart, traces, {title: {text: key}});
+    put(chart, ...chosen().map(key => {
+      const el = h("div", {class: "plot", dataset: {metric: key}});
+      const traces = Object.entries(series).map(([name, s]) => shaped(
+        {x: (s[key] || []).map(p => p[0]), y: (s[key] || []).map(p => p[1]), name, mode: "lines+markers"}, s));
+      requestAnimationFrame(() => plot(el, traces, {title: {text: key},
+        yaxis: {automargin: true, type: plotOptions.log ? "log" : "linear"}}));
+      return el;
+    }));
     remember();
   }
   metricSelect.addEventListener("change", () => { if (!chart.hidden) compare(); });
@@ -185,7 +227,7 @@ async function showRuns(query = new URLSearchParams()) {
   }
   await refresh();
   compareButton.disabled = selected.size < 2;
-  if (selected.size >= 2 && query.get("metric")) await compare();  // a comparison's link
+  if (selected.size >= 2 && wantedMetrics.length) await compare();  // a comparison's link
   every(3000, refresh);
 }
 
@@ -230,7 +272,8 @@ async function showRun(name, query = new URLSearchParams()) {
     h("a", {id: "export-metrics", href: `/api/runs/${enc(name)}/export/metrics.csv`}, "metrics (CSV)"),
     h("a", {id: "export-config", href: `/api/runs/${enc(name)}/export/config.yaml`}, "config (YAML)"));
   const search = searchBox(name);
-  put(main, head, plotNote, plots, downloads, details, h("h2", {}, "Search"), search,
+  const controls = plotControls(() => refreshPlots());
+  put(main, head, controls, plotNote, plots, downloads, details, h("h2", {}, "Search"), search,
       h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
   const panels = new Map();
   let recorded = null;
@@ -295,8 +338,10 @@ async function showRun(name, query = new URLSearchParams()) {
         const points = series[k].filter(p => !panel.bars || p[0] > 0);
         return {x: points.map(p => p[0]), y: points.map(p => p[1]), name: panel.prefix ? k.slice(panel.prefix.length) : k,
                 type: panel.bars ? "bar" : "scatter", mode: "lines+markers", stackgroup: panel.stack ? "one" : undefined};
-      });
+      }).map(t => shaped(t, series));
       plot(el, traces, {title: {text: panel.title}, barmode: panel.bars ? "stack" : undefined,
+                        yaxis: {automargin: true, type: plotOptions.log && !panel.stack ? "log" : "linear"},
+                        xaxis: {automargin: true, title: {text: plotOptions.x === "time" ? "minutes" : ""}},
                         ...(panel.prefix ? {showlegend: true} : {})});  // one stop reason still named
     }
     // in PANELS order, whichever appeared first (a new run has its held-out eval before any step)
