@@ -194,8 +194,9 @@ async def end_step(run: Run, step: int, rollout: StepRollout, update: StepUpdate
                **assembled.metrics, **update.stats, **synced}
     reader = (f"the {run.family.name} family's call parsing" if run.family is not None and run.family.name != TEMPLATE
               else f"the parser ({config.parser})")
-    for warning in _step_warnings(config, run.task.offers_tools, reader, step, metrics, assembled.scored.totals):
+    for kind, warning in _step_warnings(config, run.task.offers_tools, reader, step, metrics, assembled.scored.totals):
         run.view.warn(warning)
+        metrics[f"warnings/{kind}"] = 1.0  # in the run's metrics too: `rlf ui` marks the step
     if config.eval.every and step % config.eval.every == 0 or step == config.train.steps:
         run.view.phase("eval")
         t = time.perf_counter()
@@ -318,15 +319,17 @@ def _step_metrics(config: RunConfig, trajectories: Sequence[Any], scored: Any, u
 
 
 def _step_warnings(config: RunConfig, offers_tools: bool, reader: str, step: int, metrics: dict[str, float],
-                   totals: Sequence[float]) -> list[str]:
-    """Loud warnings: no tool call although tools are offered (``reader``: what reads the calls
-    from the model's turns); nothing to learn."""
+                   totals: Sequence[float]) -> list[tuple[str, str]]:
+    """Loud warnings, ``(kind, message)``: no tool call although tools are offered
+    (``no_tool_call``; ``reader``: what reads the calls from the model's turns); nothing to
+    learn (``constant_rewards``)."""
     warnings = []
     if offers_tools and config.logging.no_tool_call_warning and metrics["rollout/tool_calls"] == 0:
-        warnings.append(f"step {step}: the model made no tool call in {len(totals)} trajectories although the "
-                        f"env offers tools; check {reader} and the prompt, or add a format "
-                        "reward / few-shot turns")
+        warnings.append(("no_tool_call", f"step {step}: the model made no tool call in {len(totals)} trajectories "
+                         f"although the env offers tools; check {reader} and the prompt, or add a format "
+                         "reward / few-shot turns"))
     if metrics["reward/constant_groups"] == 1.0:
-        warnings.append(f"step {step}: every group's rewards are constant (all {totals[0]:g}): nothing to learn "
-                        "from this step; make the task easier or the reward denser, or raise grpo.group_size")
+        warnings.append(("constant_rewards", f"step {step}: every group's rewards are constant (all {totals[0]:g}): "
+                         "nothing to learn from this step; make the task easier or the reward denser, or raise "
+                         "grpo.group_size"))
     return warnings

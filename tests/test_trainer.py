@@ -779,6 +779,7 @@ def test_a_step_without_tool_calls_or_reward_differences_warns_and_its_run_evalu
     assert "warning: step 1: every group's rewards are constant (all 0)" in text
     step = read_metrics(run_dir)[1]
     assert step["rollout/tool_calls"] == 0 and step["reward/constant_groups"] == 1.0
+    assert step["warnings/no_tool_call"] == step["warnings/constant_rewards"] == 1.0  # for rlf ui's markers
 
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps(row) + "\n" for row in _env().dataset(3, "test")))

@@ -170,8 +170,9 @@ def test_base_cold_start_and_rl_evals_are_one_series_in_order_marked_by_phase(br
     rows = [{"step": 0, "eval/reward/accuracy": 0.1, "eval/tools/calls_per_trajectory": 1.0},
             {"step": 0, "cold_start/examples": 64, "cold_start/eval/reward/accuracy": 0.851,
              "cold_start/eval/tools/calls_per_trajectory": 1.9},
-            {"step": 1, "reward/mean": 0.5},
-            {"step": 4, "eval/reward/accuracy": 0.88, "eval/tools/calls_per_trajectory": 2.0},
+            {"step": 1, "reward/mean": 0.5, "warnings/no_tool_call": 1.0},
+            {"step": 4, "eval/reward/accuracy": 0.88, "eval/tools/calls_per_trajectory": 2.0, "reward/mean": 0.6,
+             "reward/errors": 2.0},
             {"step": 8, "eval/reward/accuracy": 0.912, "eval/tools/calls_per_trajectory": 2.0}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     browser.get(f"{served['base']}/?token={TOKEN}")
@@ -187,6 +188,13 @@ def test_base_cold_start_and_rl_evals_are_one_series_in_order_marked_by_phase(br
     calls = browser.execute_script(traces, "Tool calls per trajectory")
     (evals,) = [t for t in calls if t["name"].startswith("eval/")]
     assert evals["y"] == [1.0, 1.9, 2.0, 2.0] and len(calls) == 1  # the training series has no points here
+    # the run's warnings: listed as events, their steps marked on the curves
+    events = [(e.get_attribute("data-step"), e.get_attribute("data-kind")) for e in
+              browser.find_elements(By.CSS_SELECTOR, "#events li.event")]
+    assert events == [("1", "no_tool_call"), ("4", "reward_errors")]
+    assert "2 reward errors" in page_text(browser, "#events")
+    shapes = browser.execute_script("return document.querySelector(\"[data-panel='Reward (training)']\").layout.shapes")
+    assert sorted(shape["x0"] for shape in shapes) == [1, 4]
     shutil.rmtree(run)  # the other tests count the runs
 
 

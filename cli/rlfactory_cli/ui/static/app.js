@@ -95,6 +95,21 @@ function plot(el, traces, layout) {
   for (const button of el.querySelectorAll(".modebar-btn, a")) button.setAttribute("tabindex", "-1");
 }
 
+// A run's warnings as events: the steps its trainer printed a loud warning for (warnings/*
+// metrics) and the steps with reward errors.
+const WARNINGS = {"warnings/no_tool_call": "no tool call although the env offers tools (check the parser and the prompt)",
+                  "warnings/constant_rewards": "every group's rewards were constant: nothing to learn from the step"};
+function runEvents(series) {
+  const found = [];
+  for (const [key, message] of Object.entries(WARNINGS)) {
+    for (const [step, value] of series[key] || []) if (value) found.push({step, kind: key.split("/")[1], message});
+  }
+  for (const [step, value] of series["reward/errors"] || []) {
+    if (value > 0) found.push({step, kind: "reward_errors", message: `${fmt(value)} reward error${value === 1 ? "" : "s"} (a reward raised: see the console)`});
+  }
+  return found.sort((a, b) => a.step - b.step);
+}
+
 // The plots' options, the same for every panel of a page: exponential smoothing, a log y axis,
 // and the x axis by step or by wall time (minutes since the run's first record).
 const plotOptions = {smoothing: 0, log: false, x: "step"};
@@ -273,7 +288,8 @@ async function showRun(name, query = new URLSearchParams()) {
     h("a", {id: "export-config", href: `/api/runs/${enc(name)}/export/config.yaml`}, "config (YAML)"));
   const search = searchBox(name);
   const controls = plotControls(() => refreshPlots());
-  put(main, head, controls, plotNote, plots, downloads, details, h("h2", {}, "Search"), search,
+  const events = h("div", {id: "events"});
+  put(main, head, events, controls, plotNote, plots, downloads, details, h("h2", {}, "Search"), search,
       h("h2", {}, "Trajectories"), trajectories);  // config above 200 rows
   const panels = new Map();
   let recorded = null;
@@ -325,6 +341,13 @@ async function showRun(name, query = new URLSearchParams()) {
     const {ok, body} = await api(`/api/runs/${enc(name)}/metrics`);
     if (!ok) { put(plotNote, h("div", {class: "error"}, body.error)); return; }
     const series = body.series;
+    const found = runEvents(series);
+    put(events, found.length ? h("details", {open: true}, h("summary", {}, `Warnings (${found.length})`),
+      h("ul", {}, found.map(e => h("li", {class: "event", dataset: {step: e.step, kind: e.kind}},
+                                   `step ${e.step}: ${e.message}`)))) : "");
+    // the warnings' steps marked on the curves (dotted lines), the list above says what they were
+    const marks = [...new Set(found.map(e => e.step))].map(step => ({type: "line", x0: step, x1: step, yref: "paper",
+      y0: 0, y1: 1, line: {color: "#cf222e", width: 1, dash: "dot"}}));
     for (const panel of PANELS) {
       const child = k => k.slice(panel.prefix.length);  // a prefix panel: its direct keys, not deeper ones
       const keys = panel.prefix ? Object.keys(series).filter(k => k.startsWith(panel.prefix) && !child(k).includes("/")
@@ -342,6 +365,7 @@ async function showRun(name, query = new URLSearchParams()) {
       plot(el, traces, {title: {text: panel.title}, barmode: panel.bars ? "stack" : undefined,
                         yaxis: {automargin: true, type: plotOptions.log && !panel.stack ? "log" : "linear"},
                         xaxis: {automargin: true, title: {text: plotOptions.x === "time" ? "minutes" : ""}},
+                        shapes: plotOptions.x === "step" && !panel.bars ? marks : [],
                         ...(panel.prefix ? {showlegend: true} : {})});  // one stop reason still named
     }
     // in PANELS order, whichever appeared first (a new run has its held-out eval before any step)
