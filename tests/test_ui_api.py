@@ -145,7 +145,8 @@ def test_the_page_and_plotly_are_served_locally(client):
     js = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip"})
     assert js.status_code == 200 and js.headers["content-encoding"] == "gzip" and len(js.content) > 1_000_000
     assert b"plotly.js" in js.content[:500] or b"plotly" in gzip.compress(js.content[:100])
-    for asset in ("/static/app.js", "/static/app.css", "/static/new_run.js"):
+    for asset in ("/static/app.js", "/static/common.js", "/static/runs.js", "/static/run.js", "/static/trajectory.js",
+                  "/static/app.css", "/static/new_run.js"):
         assert client.get(asset).status_code == 200, asset
 
 
