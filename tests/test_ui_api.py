@@ -407,3 +407,20 @@ def test_runs_are_tagged_and_deleted_safely(ui_runs_dir, tmp_path_factory):
     for path in ("/api/runs/..", "/api/runs/%2e%2e", "/api/runs/.hidden-target%2F..", "/api/runs/no-such"):
         assert client.delete(path).status_code in (400, 404, 405)
     assert (runs_dir / ".hidden-target").is_dir() and runs_dir.is_dir()
+
+
+def test_a_group_is_its_members_side_by_side_with_the_prompt_they_share_once(client, runs_dir):
+    records = RunRecords(runs_dir / "tiny")
+    rows = records.list("train", 1)
+    number = rows[0]["group"]
+    members = sorted(r["index"] for r in rows if r["group"] == number)
+    body = client.get("/api/runs/tiny/group", params={"kind": "train", "step": 1, "group": number}).json()
+    assert [m["index"] for m in body["members"]] == members and len(members) >= 2
+    assert body["groups"] == sorted({r["group"] for r in rows}) and body["errors"] == {}
+    whole = records.trajectory("train", 1, members[0])
+    first = body["members"][0]
+    assert first["advantage"] == whole["advantage"] and first["reward"] == whole["reward"]
+    assert body["shared_messages"] + first["messages"] == whole["messages"] and body["shared"] >= 1
+    assert first["token_ids"] == [s["token_ids"] for s in whole["sequences"]] and first["sequences"] == []
+    missing = client.get("/api/runs/tiny/group", params={"kind": "train", "step": 1, "group": 99}).json()
+    assert missing["members"] == [] and "no group 99" in missing["errors"]["train step 1"]

@@ -502,6 +502,29 @@ def test_plots_smooth_take_a_log_axis_or_wall_time_and_compare_any_metrics_at_on
     assert "train/loss" in offered or any(k.startswith("train/") for k in offered)  # not a fixed list of 8
 
 
+def test_a_trajectory_leads_to_its_neighbours_and_its_group_where_two_members_diff(browser, served):
+    rows = RunRecords(served["runs"] / "tiny").list("train", 1)
+    first = min(rows, key=lambda r: r["index"])
+    browser.get(f"{served['base']}/?token={TOKEN}")
+    browser.get(f"{served['base']}/#/run/tiny/t/train/1/{first['index']}")
+    wait(browser, lambda d: d.find_elements(By.ID, "its-group"), message="the trajectory's links")
+    assert not browser.find_elements(By.ID, "previous-trajectory")  # the first has none
+    assert browser.find_element(By.ID, "next-trajectory").get_attribute("href").endswith(
+        f"/t/train/1/{sorted(r['index'] for r in rows)[1]}")
+    browser.find_element(By.ID, "its-group").click()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#group-columns > div")) >= 2, message="the group")
+    members = browser.find_elements(By.CSS_SELECTOR, "#group-columns > div")
+    assert [int(m.get_attribute("data-index")) for m in members] == sorted(
+        r["index"] for r in rows if r["group"] == first["group"])
+    assert "advantage" in members[0].text and browser.find_element(By.ID, "shared-prompt")
+    for member in members[:2]:
+        member.find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()
+    browser.find_element(By.ID, "diff-button").click()
+    wait(browser, lambda d: d.find_elements(By.ID, "token-diff"), message="the diff")
+    assert "tokens are the same" in browser.find_element(By.ID, "token-diff").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#text-diff > div")
+
+
 def click_when_enabled(driver, button_id):
     """Click the button once it is enabled, in one step: the run page redraws its buttons every
     few seconds, so a found element can go stale before a later click."""

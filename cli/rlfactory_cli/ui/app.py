@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 
 from rlfactory_core.records import RecordError
 
-from . import export, new_run, search
+from . import compare, export, new_run, search
 from .launcher import LaunchError, Launcher
 from .runs_data import SORTABLE, RunsData
 from .security import AccessGuard, PathRefused
@@ -152,6 +152,13 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
         if text is None:
             return JSONResponse({"error": f"{name} has no config.yaml to download"}, status_code=404)
         return Response(text, media_type="application/yaml", headers=export.attachment(f"{name}-config.yaml"))
+
+    @app.get("/api/runs/{name}/group")
+    def group(name: str, step: int, group: int, kind: str = "train") -> Response:
+        import orjson
+
+        return Response(orjson.dumps(compare.group(data, name, _kind(kind), step, group)),
+                        media_type="application/json")
 
     @app.get("/api/runs/{name}/same-sample")
     def same_sample(name: str, sample_id: str, kind: str = "eval") -> JSONResponse:

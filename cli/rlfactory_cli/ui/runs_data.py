@@ -27,6 +27,7 @@ from rlfactory_core.metrics import read_metrics
 from rlfactory_core.records import RECORDS_DIR, RecordError, RunRecords, scalar_schema
 from rlfactory_core.run_status import STATUS_FILE, RunStatus, read_status, still_exiting
 
+from .compare import shared_prefix
 from .security import PathRefused, run_dir_of
 
 __all__ = ["RunsData", "json_safe", "HELD_OUT_KEYS"]
@@ -431,7 +432,7 @@ class RunsData:
                                    else "base model" if kind == "eval" and trajectory["step"] == 0
                                    else f"step {trajectory['step']}")
         talks = [t for t in found if t.get("messages")]  # a run made before records has text only
-        shared = _shared_prefix([t["messages"] for t in talks])
+        shared = shared_prefix([t["messages"] for t in talks])
         shared_messages = talks[0]["messages"][:shared] if talks else []
         for trajectory in talks:
             trajectory["messages"] = trajectory["messages"][shared:]
@@ -559,18 +560,6 @@ def _metrics_file(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     one damaged line must not hide the rest of the run's curves)."""
     damaged: list[int] = []
     return read_metrics(path.parent, damaged=damaged), damaged
-
-
-def _shared_prefix(conversations: list[list[Any]]) -> int:
-    """How many leading messages every conversation has alike (0 for fewer than two)."""
-    if len(conversations) < 2:
-        return 0
-    count = 0
-    for messages in zip(*conversations):
-        if any(m != messages[0] for m in messages[1:]):
-            break
-        count += 1
-    return count
 
 
 def _json(value: Any) -> bytes:

@@ -41,6 +41,7 @@ function route() {
   const query = routeQuery();
   if (parts[0] === "run" && parts[2] === "t") return showTrajectory(parts[1], parts[3], Number(parts[4]), Number(parts[5]), query.get("q") || "");
   if (parts[0] === "run" && parts[2] === "same") return showSameSample(parts[1], parts[3], parts.slice(4).join("/"));
+  if (parts[0] === "run" && parts[2] === "group") return showGroup(parts[1], parts[3], Number(parts[4]), Number(parts[5]));
   if (parts[0] === "run" && parts[1]) return showRun(parts[1], query);
   if (parts[0] === "new") return showNewRun();
   return showRuns(query);

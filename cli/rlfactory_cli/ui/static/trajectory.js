@@ -234,7 +234,17 @@ async function showTrajectory(name, kind, step, index, find = "") {
     "parse errors", fmt(meta.parse_errors), "cut-off turns", fmt(meta.cut_turns));
   const same = h("a", {id: "same-sample", href: `#/run/${enc(name)}/same/${enc(kind)}/${enc(r.sample_id)}`},
                  "this sample at every recorded step");
-  const parts = [back, h("h1", {}, `${kind} step ${step} · trajectory ${index}`), facts, h("p", {}, same),
+  // previous and next trajectory of the step, and the group this one was trained with
+  const around = h("span", {class: "toolbar", id: "around"});
+  api(`/api/runs/${enc(name)}/trajectories?kind=${enc(kind)}&step=${step}&limit=1000&sort=index`).then(({ok, body}) => {
+    if (!ok) return;
+    const indices = body.rows.map(row => row.index), at = indices.indexOf(index);
+    const link = (i, text, id) => (i >= 0 && i < indices.length
+      ? h("a", {id, href: `#/run/${enc(name)}/t/${enc(kind)}/${step}/${indices[i]}`}, text) : h("span", {class: "muted"}, text));
+    put(around, link(at - 1, "← previous", "previous-trajectory"), link(at + 1, "next →", "next-trajectory"),
+        r.group >= 0 ? h("a", {id: "its-group", href: groupLink(name, kind, step, r.group)}, `its group (${r.group})`) : null);
+  });
+  const parts = [back, h("h1", {}, `${kind} step ${step} · trajectory ${index}`), around, facts, h("p", {}, same),
                  r.error ? h("div", {class: "error"}, r.error) : null,
                  (r.reward_errors || []).length ? h("div", {class: "error"}, r.reward_errors.join("; ")) : null];
   if (r.text_only) {
@@ -287,4 +297,73 @@ async function showSameSample(name, kind, sampleId) {
       kv("final answer", h("span", {class: "mono"}, r.final_answer || "–"), "stop", r.stop_reason || "–",
         "turns", fmt(r.num_turns)),
       r.text_only ? h("pre", {}, r.text || "") : conversation(r)))));
+}
+
+// ---------------------------------------------------------------- a group
+
+const groupLink = (name, kind, step, group) => `#/run/${enc(name)}/group/${enc(kind)}/${step}/${group}`;
+
+// One prompt's group side by side (what GRPO compared): each member's reward and advantage, its
+// turns after the prompt they share (shown once), previous and next group; tick two to diff them.
+async function showGroup(name, kind, step, number) {
+  document.title = `${name} ${kind} ${step} group ${number} · rlf ui`;
+  const {ok, body} = await api(`/api/runs/${enc(name)}/group?kind=${enc(kind)}&step=${step}&group=${number}`);
+  const back = h("a", {href: runLink(name)}, `← ${name}`);
+  if (!ok) { put(main, back, h("div", {class: "error"}, body.error)); return; }
+  const at = body.groups.indexOf(number);
+  const step_ = (d, text, id) => (at + d >= 0 && at + d < body.groups.length
+    ? h("a", {id, href: groupLink(name, kind, step, body.groups[at + d])}, text) : h("span", {class: "muted"}, text));
+  const picked = new Set();
+  const diffBox = h("div", {id: "diff"});
+  const diffButton = h("button", {type: "button", id: "diff-button", disabled: true, onclick: () => {
+    const [a, b] = body.members.filter(m => picked.has(m.index));
+    put(diffBox, diffView(a, b, body.shared));
+  }}, "diff the two ticked");
+  const shared = body.shared ? h("details", {id: "shared-prompt"},
+    h("summary", {}, `the prompt every member shares (${body.shared} message${body.shared > 1 ? "s" : ""})`),
+    conversation({messages: body.shared_messages, tool_calls: []})) : null;
+  put(main, back, h("h1", {}, body.title), h("div", {class: "toolbar"}, step_(-1, "← previous group", "previous-group"),
+      step_(1, "next group →", "next-group"), diffButton), errorList(body.errors) || "", shared, diffBox,
+    h("div", {class: "side-by-side", id: "group-columns"}, body.members.map(m => h("div", {dataset: {index: m.index}},
+      h("h3", {}, h("input", {type: "checkbox", "aria-label": `tick trajectory ${m.index}`, onchange: e => {
+        e.target.checked ? picked.add(m.index) : picked.delete(m.index);
+        diffButton.disabled = picked.size !== 2; }}), " ",
+        h("a", {href: `#/run/${enc(name)}/t/${enc(kind)}/${step}/${m.index}`}, `trajectory ${m.index}`)),
+      kv("reward", fmt(m.reward), "advantage", fmt(m.advantage), "outcome", m.outcome || "–",
+         "final answer", h("span", {class: "mono"}, m.final_answer ?? "–")),
+      conversation(m)))));
+}
+
+// Two trajectories' differences: their turns (after the shared prompt) line by line, and their
+// tokens: how many lead alike, and the first that differs.
+function diffView(a, b, shared) {
+  const text = m => (m.messages || []).map(x => `[${x.role}] ${x.content ?? ""}`).join("\n").split("\n");
+  const rows = lineDiff(text(a), text(b)).map(([op, line]) => h("div", {class: `diff-${op}`},
+    op === "same" ? "  " : op === "removed" ? "- " : "+ ", line));
+  const ta = (a.token_ids || [])[0] || [], tb = (b.token_ids || [])[0] || [];
+  let lead = 0;
+  while (lead < ta.length && lead < tb.length && ta[lead] === tb[lead]) lead++;
+  const tokens = lead === ta.length && lead === tb.length ? `the ${lead} tokens are the same`
+    : `the first ${lead} tokens are the same; then ${a.index} has ${ta.length - lead} more and ${b.index} ${tb.length - lead}` +
+      (lead < ta.length && lead < tb.length ? ` (token ${lead}: id ${ta[lead]} against ${tb[lead]})` : "");
+  return h("div", {class: "diff"}, h("h2", {}, `trajectory ${a.index} (−) against ${b.index} (+)`),
+           h("p", {id: "token-diff"}, tokens), h("pre", {id: "text-diff"}, rows));
+}
+
+function lineDiff(a, b) {  // the longest common subsequence of lines; unequal parts as removed / added
+  if (a.length * b.length > 4e6) return [...a.map(l => ["removed", l]), ...b.map(l => ["added", l])];
+  const n = a.length, m = b.length, table = Array.from({length: n + 1}, () => new Uint32Array(m + 1));
+  for (let i = n - 1; i >= 0; i--) for (let j = m - 1; j >= 0; j--) {
+    table[i][j] = a[i] === b[j] ? table[i + 1][j + 1] + 1 : Math.max(table[i + 1][j], table[i][j + 1]);
+  }
+  const out = [];
+  let i = 0, j = 0;
+  while (i < n && j < m) {
+    if (a[i] === b[j]) { out.push(["same", a[i]]); i++; j++; }
+    else if (table[i + 1][j] >= table[i][j + 1]) out.push(["removed", a[i++]]);
+    else out.push(["added", b[j++]]);
+  }
+  while (i < n) out.push(["removed", a[i++]]);
+  while (j < m) out.push(["added", b[j++]]);
+  return out;
 }
