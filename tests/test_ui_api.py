@@ -424,3 +424,16 @@ def test_a_group_is_its_members_side_by_side_with_the_prompt_they_share_once(cli
     assert first["token_ids"] == [s["token_ids"] for s in whole["sequences"]] and first["sequences"] == []
     missing = client.get("/api/runs/tiny/group", params={"kind": "train", "step": 1, "group": 99}).json()
     assert missing["members"] == [] and "no group 99" in missing["errors"]["train step 1"]
+
+
+def test_trajectories_filter_by_the_policy_version_that_sampled_them(client, runs_dir):
+    listed = client.get("/api/runs/tiny/trajectories", params={"kind": "train"}).json()
+    versions = listed["facets"]["policy_versions"]
+    assert versions and versions == sorted(set(versions))
+    one = client.get("/api/runs/tiny/trajectories", params={"kind": "train", "policy_version": versions[0]}).json()
+    assert one["total"] >= 1 and {r["policy_version"] for r in one["rows"]} == {versions[0]}
+    exported = client.get("/api/runs/tiny/export/trajectories.jsonl",
+                          params={"kind": "train", "policy_version": versions[0]}).text.splitlines()
+    assert len(exported) == one["total"]
+    found = client.get("/api/runs/tiny/search", params={"q": "user", "kind": "train"}).json()["hits"]
+    assert found and all("policy_version" in h for h in found)

@@ -23,7 +23,7 @@ __all__ = ["search", "CONTEXT", "MAX_HITS"]
 CONTEXT = 80
 #: Hits returned at most (``total`` counts them all).
 MAX_HITS = 200
-_COLUMNS = ["index", "sample_id", "messages", "tool_calls", "final_answer"]
+_COLUMNS = ["index", "sample_id", "policy_version", "messages", "tool_calls", "final_answer"]
 
 
 def search(data: RunsData, name: str, query: str, kind: str | None = None,
@@ -31,7 +31,7 @@ def search(data: RunsData, name: str, query: str, kind: str | None = None,
     """``query``'s occurrences in ``name``'s recorded trajectories (``kind``: one kind only).
 
     Returns ``{"query", "total": matches, "hits": [hit], "truncated": bool, "errors"}``; a hit
-    is ``{"kind", "step", "index", "sample_id", "where", "before", "match", "after"}`` with
+    is ``{"kind", "step", "index", "sample_id", "policy_version", "where", "before", "match", "after"}`` with
     ``where`` like ``message 3 (tool)``, ``tool call 0 (search) result`` or ``final answer``."""
     query = query.strip()
     errors: dict[str, str] = {}
@@ -62,7 +62,7 @@ def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path, columns=_COLUMNS)
-    index, sample = table["index"].to_pylist(), table["sample_id"].to_pylist()
+    index, sample, version = (table[c].to_pylist() for c in ("index", "sample_id", "policy_version"))
     found: list[tuple[int, tuple[int, ...], str, str]] = []  # (row, order within the row, where, text)
     for rank, (column, fields) in enumerate((("messages", ("content",)), ("tool_calls", ("arguments", "result")))):
         lists = table[column]
@@ -88,7 +88,8 @@ def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
     for row in answers.to_pylist():
         found.append((row, (2,), "final answer", table["final_answer"][row].as_py()))
     found.sort(key=lambda hit: (hit[0], hit[1]))
-    return [{"index": index[row], "sample_id": sample[row], "where": where, **_snippet(text, query)}
+    return [{"index": index[row], "sample_id": sample[row], "policy_version": version[row], "where": where,
+             **_snippet(text, query)}
             for row, _, where, text in found]
 
 

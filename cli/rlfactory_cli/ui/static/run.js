@@ -171,7 +171,8 @@ function searchBox(name) {
                      (body.truncated ? `, the first ${body.hits.length} shown` : "")), errorList(body.errors) || "",
       h("ol", {class: "hits"}, body.hits.map(hit => h("li", {class: "hit"},
         h("a", {href: `#/run/${enc(name)}/t/${enc(hit.kind)}/${hit.step}/${hit.index}?q=${enc(q)}`},
-          `${hit.kind} step ${hit.step} · trajectory ${hit.index} · ${hit.sample_id} · ${hit.where}`),
+          `${hit.kind} step ${hit.step} · trajectory ${hit.index} · ${hit.sample_id} · ${hit.where}` +
+          (hit.policy_version >= 0 ? ` · version ${hit.policy_version}` : "")),
         h("div", {class: "mono snippet"}, hit.before, h("mark", {}, hit.match), hit.after)))));
   }
   input.addEventListener("change", run);
@@ -220,6 +221,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   const stopReason = h("select", {id: "stop-reason"}, h("option", {value: ""}, "any"));
   const toolError = h("select", {id: "tool-error"}, h("option", {value: ""}, "any"));
   const outcome = h("select", {id: "outcome"}, h("option", {value: ""}, "any"));
+  const version = h("select", {id: "policy-version"}, h("option", {value: ""}, "any"));
   const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
   const rows = h("tbody", {onkeydown: e => {  // j/k (or the arrows) move between rows, Enter opens one
     const row = e.target.closest("tr.trajectory-row");
@@ -250,7 +252,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   sampleId.value = query.get("sample_id") || "";
   // the filters the address names, applied once their choices (the step's facets) are there
   const wanted = {stop_reason: query.get("stop_reason") || "", tool_error: query.get("tool_error") || "",
-                  outcome: query.get("outcome") || ""};
+                  outcome: query.get("outcome") || "", policy_version: query.get("policy_version") || ""};
   if (query.get("step") === "all") step.dataset.chosen = "all";
   else if (query.get("step")) step.dataset.wanted = query.get("step");
   const previous = h("button", {type: "button", id: "previous-page", onclick: () => { offset = Math.max(0, offset - PAGE); load(); }}, "previous");
@@ -273,13 +275,15 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   function remember() {
     setQuery({kind: kind.value, step: step.value === "" ? "all" : step.value, min_reward: minReward.value,
               max_reward: maxReward.value, stop_reason: stopReason.value, tool_error: toolError.value,
-              outcome: outcome.value, sample_id: sampleId.value, sort: sortBy, order: sortBy ? order : "",
+              outcome: outcome.value, policy_version: version.value, sample_id: sampleId.value, sort: sortBy,
+              order: sortBy ? order : "",
               offset: offset || ""});
     // the export is the list as filtered now, every page of it
     const params = new URLSearchParams({kind: kind.value});
     for (const [key, value] of [["step", step.value], ["min_reward", minReward.value], ["max_reward", maxReward.value],
                                 ["stop_reason", stopReason.value], ["tool_error", toolError.value],
-                                ["outcome", outcome.value], ["sample_id", sampleId.value]]) if (value) params.set(key, value);
+                                ["outcome", outcome.value], ["policy_version", version.value],
+                                ["sample_id", sampleId.value]]) if (value) params.set(key, value);
     exportLink.href = `/api/runs/${enc(name)}/export/trajectories.jsonl?${params}`;
   }
 
@@ -289,7 +293,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     if (minReward.value !== "") params.set("min_reward", minReward.value);
     if (maxReward.value !== "") params.set("max_reward", maxReward.value);
     const chosen = {stop_reason: stopReason.value || wanted.stop_reason, tool_error: toolError.value || wanted.tool_error,
-                    outcome: outcome.value || wanted.outcome};
+                    outcome: outcome.value || wanted.outcome, policy_version: version.value || wanted.policy_version};
     for (const [key, value] of Object.entries(chosen)) if (value) params.set(key, value);
     if (sampleId.value) params.set("sample_id", sampleId.value);
     if (sortBy) { params.set("sort", sortBy); params.set("order", order); }
@@ -298,7 +302,8 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     put(errors, errorList(body.errors) || "");
     for (const [select, values, key] of [[stopReason, body.facets.stop_reasons, "stop_reason"],
                                          [toolError, body.facets.tool_errors, "tool_error"],
-                                         [outcome, body.facets.outcomes, "outcome"]]) {
+                                         [outcome, body.facets.outcomes, "outcome"],
+                                         [version, (body.facets.policy_versions || []).map(String), "policy_version"]]) {
       const current = select.value || wanted[key];
       wanted[key] = "";
       // a filter the step's facets do not list (an outcome side: policy) is kept, as chosen
@@ -324,14 +329,15 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     restoreScroll();
   }
 
-  for (const el of [kind, step, stopReason, toolError, outcome]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
+  for (const el of [kind, step, stopReason, toolError, outcome, version]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
   for (const el of [minReward, maxReward, sampleId]) el.addEventListener("change", () => { offset = 0; load(); });
   step.addEventListener("change", () => { step.dataset.chosen = step.value === "" ? "all" : ""; });
   box.addEventListener("recorded", e => { recorded = e.detail; fillSteps(); if (step.value === "") load(); });
   put(box, 
     h("div", {class: "toolbar"}, h("label", {}, "kind", kind), h("label", {}, "step", step),
       h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
-      h("label", {}, "tool error", toolError), h("label", {}, "outcome", outcome), sampleId),
+      h("label", {}, "tool error", toolError), h("label", {}, "outcome", outcome),
+      h("label", {title: "the policy version (weights) that sampled it"}, "version", version), sampleId),
     h("div", {class: "toolbar"}, status, previous, next, exportLink), errors,
     h("table", {id: "trajectory-table"}, h("thead", {}, header), rows));
   fillSteps();

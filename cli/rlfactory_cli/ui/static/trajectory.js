@@ -330,6 +330,7 @@ async function showGroup(name, kind, step, number) {
         diffButton.disabled = picked.size !== 2; }}), " ",
         h("a", {href: `#/run/${enc(name)}/t/${enc(kind)}/${step}/${m.index}`}, `trajectory ${m.index}`)),
       kv("reward", fmt(m.reward), "advantage", fmt(m.advantage), "outcome", m.outcome || "–",
+         "policy version", fmt(m.policy_version), "sequences", fmt((m.token_ids || []).length),
          "final answer", h("span", {class: "mono"}, m.final_answer ?? "–")),
       conversation(m)))));
 }
