@@ -484,6 +484,7 @@ _REEXPORTED = {
     "RolloutConfig": "rlfactory_core.rollout",
     "vllm_available": "rlfactory_core.rollout",
     "demonstration_examples": "rlfactory_core.training.cold_start",
+    "load_samples": "rlfactory_core.data",  # an env's split as training and eval.splits load it
 }
 
 __all__ += list(_REEXPORTED)

@@ -71,7 +71,8 @@ def test_filters_over_every_step_keep_what_a_python_filter_keeps(runs, filters):
     assert listed["facets"] == {"stop_reasons": ["env_error", "max_turns", "no_tool_call"],
                                 "tool_errors": ["parse_error", "timeout"],
                                 "outcomes": ["answered", "env_error", "malformed_call", "tool_timeout",
-                                             "infrastructure", "policy"]}
+                                             "infrastructure", "policy"],
+                                "policy_versions": [0, 1, 2, 3]}
     page = RunsData(runs).trajectories("run", "eval", offset=5, limit=4, **filters)
     assert page["rows"] == expected[5:9] and page["total"] == len(expected)
 

@@ -64,8 +64,7 @@ def test_no_test_task_is_a_training_task(split):
 
 
 def test_test_layouts_is_an_env_split_the_core_evaluates():
-    from rlfactory_core.data import load_samples
-    from rlfactory_core.testing import build_task, load_config
+    from rlfactory_core.testing import build_task, load_config, load_samples
 
     config = load_config([], ["eval.splits=[test_layouts]"], flags={"env": "android"})
     built = build_task(config)
