@@ -1,6 +1,6 @@
 """The GPU check: proves the CUDA path (correctness) and measures it (speed), in one command.
 
-    PYTHONPATH=/tmp/site:. python3 bench/gpu.py            # on a GPU machine (about 4.5 minutes on an H100)
+    PYTHONPATH=/tmp/site:. python3 bench/gpu.py            # on a GPU machine (about 4 minutes on an H100 or H200)
     .venv/bin/python bench/gpu.py --quick                  # the short CPU form (tests/test_gpu_check.py)
 
 On a GPU machine without network, first install the wheels ``scripts/gpu_wheels.sh`` put in
@@ -29,6 +29,9 @@ rewritten after each, so one run yields every result it can even when a section 
 * ``grpo_step``: one GRPO update (:func:`rlfactory_core.training.update.update_policy`) on
   those trajectories, padded and packed: finite loss, the same gradient norm both ways, every
   parameter tensor moved.
+* ``families``: ``sampler``, ``trainer`` (without flex_attention) and ``grpo_step`` again on
+  each model family's architecture (Llama 3, Qwen3, gpt-oss, DeepSeek V3) at a few layers;
+  the table shows a summary line per family, the JSON every figure.
 * ``fsdp``: ``torchrun --nproc_per_node 1`` (NCCL on CUDA, gloo on CPU): the same update on
   the FSDP2-sharded policy (:mod:`rlfactory_core.training.fsdp`) against the local engine's,
   float32 and bf16 autocast. One rank holds every shard, so the weights must come out the
@@ -79,7 +82,45 @@ ARCHITECTURES = {
     "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                    num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                                    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)),
+    # The model families' architectures (rlfactory_core.testing.TINY_ARCHITECTURES), each with
+    # its own attention and routing at a few layers: their vocabularies, head layouts and
+    # special parts (Qwen3's q/k norms; gpt-oss's alternating sliding-window and full layers,
+    # attention sinks and top-k experts; DeepSeek V3's latent attention, a dense layer, then
+    # routed and shared experts). Real checkpoints of these are 0.6B-671B parameters.
+    "llama3-family": ("llama", dict(vocab_size=128256, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=8192,
+                                    rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+    "qwen3-family": ("qwen3", dict(vocab_size=151936, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                                   num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                                   max_position_embeddings=8192, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                   tie_word_embeddings=True)),
+    "gpt-oss-family": ("gpt_oss", dict(vocab_size=201088, hidden_size=512, intermediate_size=512, num_hidden_layers=4,
+                                       num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                       num_local_experts=8, num_experts_per_tok=2, sliding_window=32,
+                                       layer_types=["sliding_attention", "full_attention"] * 2,
+                                       tie_word_embeddings=False)),
+    "deepseek-v3-family": ("deepseek_v3", dict(vocab_size=129280, hidden_size=512, intermediate_size=1536,
+                                               num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
+                                               n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                                               n_group=1, topk_group=1, moe_intermediate_size=256,
+                                               first_k_dense_replace=1, q_lora_rank=256, kv_lora_rank=128,
+                                               qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64,
+                                               max_position_embeddings=8192, tie_word_embeddings=False)),
 }
+# The short CPU form: the same four architectures, tiny (rlfactory_core.testing.build_tiny_model's shapes).
+_TINY_COMMON = dict(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+ARCHITECTURES.update({
+    "tiny-llama3": ("llama", dict(_TINY_COMMON, num_key_value_heads=1, max_position_embeddings=4096)),
+    "tiny-qwen3": ("qwen3", dict(_TINY_COMMON, num_key_value_heads=1, head_dim=32, max_position_embeddings=4096)),
+    "tiny-gpt-oss": ("gpt_oss", dict(_TINY_COMMON, num_key_value_heads=1, head_dim=32, num_local_experts=4,
+                                     num_experts_per_tok=2, sliding_window=8,
+                                     layer_types=["sliding_attention", "full_attention"])),
+    "tiny-deepseek-v3": ("deepseek_v3", dict(_TINY_COMMON, num_key_value_heads=2, n_routed_experts=4,
+                                             num_experts_per_tok=2, n_group=1, topk_group=1,
+                                             moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=None,
+                                             kv_lora_rank=16, qk_rope_head_dim=16, qk_nope_head_dim=16,
+                                             v_head_dim=32, max_position_embeddings=4096)),
+})
 EMBEDDING_SCALE = 4.0  # peaked next-token distributions (see the module docstring)
 EOS_ID = 0
 
@@ -95,10 +136,12 @@ TOL_GRAD_NORM_REL = 1e-2  # padded against packed, bf16
 ARGMAX_MARGIN = 1e-3
 
 PROFILES = {
-    "quick": dict(model="tiny", speed_models=["tiny"], rows=8, prompt=(8, 24), new_tokens=16,
+    "quick": dict(model="tiny", speed_models=["tiny"],
+                  families=["tiny-llama3", "tiny-qwen3", "tiny-gpt-oss", "tiny-deepseek-v3"], rows=8, prompt=(8, 24), new_tokens=16,
                   gen_batches=[1, 4], gen_prompt=16, gen_tokens=8,
                   train_rows=8, train_lengths=(32, 160), micro_tokens=512, group_size=4, passes=1),
-    "full": dict(model="smollm2-135m", speed_models=["smollm2-135m", "qwen2.5-0.5b"], rows=32, prompt=(16, 96),
+    "full": dict(model="smollm2-135m", speed_models=["smollm2-135m", "qwen2.5-0.5b"],
+                 families=["llama3-family", "qwen3-family", "gpt-oss-family", "deepseek-v3-family"], rows=32, prompt=(16, 96),
                  new_tokens=64, gen_batches=[1, 32, 256], gen_prompt=64, gen_tokens=128,
                  train_rows=64, train_lengths=(256, 2048), micro_tokens=16384, group_size=4, passes=2),
 }
@@ -108,18 +151,22 @@ PROFILES = {
 
 
 def build_model(name: str, device: torch.device, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    import transformers
+    from transformers import AutoModelForCausalLM
 
     kind, shape = ARCHITECTURES[name]
-    config = (LlamaConfig if kind == "llama" else Qwen2Config)(**shape, eos_token_id=EOS_ID, bos_token_id=1,
-                                                               pad_token_id=EOS_ID)
+    config_class = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                    "qwen3": transformers.Qwen3Config, "gpt_oss": transformers.GptOssConfig,
+                    "deepseek_v3": transformers.DeepseekV3Config}[kind]
+    config = config_class(**shape, eos_token_id=EOS_ID, bos_token_id=1, pad_token_id=EOS_ID)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
         embeddings = {id(m.weight): m.weight for m in (model.get_input_embeddings(), model.get_output_embeddings())}
         for weight in embeddings.values():  # tied: one tensor
             weight.mul_(EMBEDDING_SCALE)
-    model.config._attn_implementation = "sdpa"  # noqa: SLF001 - transformers' own switch
+    # transformers' own switch; gpt-oss has no sdpa path (it would drop the attention sinks)
+    model.config._attn_implementation = "sdpa" if model._supports_sdpa else "eager"  # noqa: SLF001
     return model.to(device)
 
 
@@ -257,6 +304,7 @@ def section_sampler(ctx: dict[str, Any]) -> dict[str, Any]:
 def section_trainer(ctx: dict[str, Any]) -> dict[str, Any]:
     from rlfactory_core.training.batch import rows_of, to_tensordict
     from rlfactory_core.training.logprobs import token_logprobs
+    from rlfactory_core.training.policy import packing_is_exact
 
     data, device = sampled(ctx), ctx["device"]
     batch = to_tensordict(trajectories_of(data["prompts"], data["generations"], ctx["profile"]["group_size"]),
@@ -264,11 +312,15 @@ def section_trainer(ctx: dict[str, Any]) -> dict[str, Any]:
     micro = rows_of(batch, list(range(batch.batch_size[0])))
     mask = micro["loss_mask"].bool()
     model = copy.deepcopy(data["model"]).train()
-    modes = [("float32 padded", False, False, "sdpa"), ("float32 packed sdpa", False, True, "sdpa"),
-             ("bf16 padded", True, False, "sdpa"), ("bf16 packed sdpa", True, True, "sdpa")]
-    if device.type == "cuda":
+    own = model.config._attn_implementation  # noqa: SLF001 - sdpa, or eager where the model has no sdpa
+    modes = [("float32 padded", False, False, own), (f"float32 packed {own}", False, True, own),
+             ("bf16 padded", True, False, own), (f"bf16 packed {own}", True, True, own)]
+    if device.type == "cuda" and not ctx.get("skip_flex"):  # the families skip it: one compile each
         modes.append(("bf16 packed flex_attention", True, True, "flex_attention"))
     out: dict[str, Any] = {"ok": True}
+    if not packing_is_exact(model):  # the trainer pads such a model (training.policy.use_packing)
+        out["packed"] = {"refused": "the model's causal mask ignores packed positions; the trainer pads it"}
+        modes = [mode for mode in modes if not mode[2]]
     with torch.no_grad():
         for label, bf16, packed, attention in modes:
             model.config._attn_implementation = attention  # noqa: SLF001
@@ -294,14 +346,15 @@ def section_trainer(ctx: dict[str, Any]) -> dict[str, Any]:
 
 def section_grpo_step(ctx: dict[str, Any]) -> dict[str, Any]:
     from rlfactory_core.training.batch import build_batch
-    from rlfactory_core.training.policy import build_optimizer
+    from rlfactory_core.training.policy import build_optimizer, packing_is_exact
     from rlfactory_core.training.update import update_policy
 
     data, device, profile = sampled(ctx), ctx["device"], ctx["profile"]
     trajectories = trajectories_of(data["prompts"], data["generations"], profile["group_size"])
     rewards = [float(i % 3 == 0) for i in range(len(trajectories))]
     out: dict[str, Any] = {"ok": True}
-    for label, packed in (("padded", False), ("packed", True)):
+    layouts = [("padded", False)] + [("packed", True)] * packing_is_exact(data["model"])  # else refused: padded
+    for label, packed in layouts:
         config = run_config(profile, bf16=device.type == "cuda")
         model = copy.deepcopy(data["model"]).train()
         before = [p.detach().clone() for p in model.parameters()]
@@ -317,6 +370,8 @@ def section_grpo_step(ctx: dict[str, Any]) -> dict[str, Any]:
                       "grad_norm": stats["train/grad_norm"], "parameter_tensors_moved": sum(c > 0 for c in changes),
                       "parameter_tensors": len(changes), "sampler_logprob_diff": stats["train/sampler_logprob_diff"]}
         out["ok"] = out["ok"] and finite and min(changes) > 0 and stats["train/grad_norm"] > 0
+    if "packed" not in out:
+        return out
     norms = out["padded"]["grad_norm"], out["packed"]["grad_norm"]
     out["grad_norm_padded_vs_packed"] = {"relative_gap": abs(norms[0] - norms[1]) / max(norms),
                                          "tolerance": f"<= {TOL_GRAD_NORM_REL}"}
@@ -552,9 +607,49 @@ def section_weight_sync(ctx: dict[str, Any]) -> dict[str, Any]:
             "parameters_m": round(sum(p.numel() for p in policy.parameters()) / 1e6, 1)}
 
 
+def section_families(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The sampler, trainer and GRPO-step checks again on each model family's architecture
+    (``PROFILES[...]["families"]``), each with its own model and trajectories; flex_attention
+    is left to the main sections (it compiles once per shape)."""
+    out: dict[str, Any] = {"ok": True}
+    for name in ctx["profile"]["families"]:
+        family_ctx = {**ctx, "profile": {**ctx["profile"], "model": name}, "skip_flex": True}
+        family_ctx.pop("sampled", None)
+        row: dict[str, Any] = {}
+        for label, section in (("sampler", section_sampler), ("trainer", section_trainer),
+                               ("grpo_step", section_grpo_step)):
+            try:
+                result = section(family_ctx)
+            except Exception as exc:  # noqa: BLE001 - one family failing leaves the others' results
+                result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            row[label] = result
+        model = family_ctx["sampled"]["model"] if "sampled" in family_ctx else None
+        summary = {"ok": all(r.get("ok") for r in row.values()),
+                   "parameters_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1) if model else None}
+        for label, result in row.items():
+            if "error" in result:
+                summary[f"{label} error"] = result["error"]
+        if "float32" in row["sampler"]:
+            summary["sampler fp32 max"] = row["sampler"]["float32"]["max_abs_delta"]
+            summary["greedy not argmax"] = row["sampler"]["float32 greedy"]["not_the_forward_argmax"]
+            summary["sampler bf16 mean"] = row["sampler"]["bfloat16_weights"]["mean_abs_delta"]
+        for mode, figures in row["trainer"].items():
+            if isinstance(figures, dict) and "mean_abs_delta" in figures:
+                summary[f"trainer {mode} max/mean"] = [round(figures["max_abs_delta"], 6),
+                                                       round(figures["mean_abs_delta"], 6)]
+        if "padded" in row["grpo_step"]:
+            step = row["grpo_step"]
+            summary["step moved tensors"] = [step["padded"]["parameter_tensors_moved"], step["padded"]["parameter_tensors"]]
+            summary["step grad norm padded/packed"] = [step["padded"]["grad_norm"],
+                                                       step["packed"]["grad_norm"] if "packed" in step else "refused"]
+        out[name] = {"summary": summary, "details": row}
+        out["ok"] = out["ok"] and summary["ok"]
+    return out
+
+
 SECTIONS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "environment": section_environment, "sampler": section_sampler, "trainer": section_trainer,
-    "grpo_step": section_grpo_step, "fsdp": section_fsdp, "generation_speed": section_generation_speed,
+    "grpo_step": section_grpo_step, "families": section_families, "fsdp": section_fsdp, "generation_speed": section_generation_speed,
     "weight_sync": section_weight_sync, "train_speed": section_train_speed,  # last: flex_attention compiles
 }
 
@@ -579,7 +674,7 @@ def table(results: dict[str, Any]) -> str:
                 continue
             if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values() if not isinstance(v, int)):
                 for sub, figures in value.items():
-                    if isinstance(figures, dict):
+                    if isinstance(figures, dict) and sub != "details":  # a family's details stay in the JSON
                         line(section, f"{key}: {sub}", _figures(figures), verdict)
             elif isinstance(value, dict):
                 line(section, key, _figures(value), verdict)

@@ -52,7 +52,8 @@ class ModelSection(_Section):
                    "far below bf16's precision), bfloat16/float16 only as a LoRA base; train.bf16 autocast "
                    "does the bf16 compute")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = _field(
-        "auto", "auto = flash_attention_2 on a GPU with flash-attn installed, else sdpa")
+        "auto", "auto = flash_attention_2 on a GPU with flash-attn installed, else sdpa, else eager (each where "
+                "the model supports it: gpt-oss runs eager, as sdpa would drop its attention sinks)")
     gradient_checkpointing: bool = _field(False, "recompute activations in the backward pass (less memory)")
     lora: LoraSection = _field(LoraSection, "LoRA adapters")
     family: str = _field("auto", "the chat format at the level of token ids (a registered model family: template, "

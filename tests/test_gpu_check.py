@@ -40,6 +40,13 @@ def test_the_short_form_runs_every_section_and_writes_the_table_and_json(tmp_pat
     assert sections["sampler"]["float32 greedy"]["not_the_forward_argmax"] == 0
     assert all(sections["grpo_step"][mode]["parameter_tensors_moved"] == sections["grpo_step"][mode]["parameter_tensors"]
                for mode in ("padded", "packed"))
+    families = ["tiny-llama3", "tiny-qwen3", "tiny-gpt-oss", "tiny-deepseek-v3"]
+    assert [name for name in sections["families"] if name != "ok" and name != "seconds"] == families
+    for name in families:  # each architecture's sampler, trainer and GRPO step held to the same bounds
+        summary = sections["families"][name]["summary"]
+        assert summary["ok"] and summary["greedy not argmax"] == 0, (name, summary)
+        assert summary["step moved tensors"][0] == summary["step moved tensors"][1], (name, summary)
+    assert "tiny-gpt-oss: summary" in proc.stdout
     assert set(sections["generation_speed"]["tiny"]) == {"batch 1", "batch 4"}
     assert {"padded sdpa", "packed sdpa"} <= set(sections["train_speed"]["tiny"])
     assert 0 < sections["weight_sync"]["weight_sync_share"] < 1

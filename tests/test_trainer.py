@@ -19,8 +19,8 @@ from rlfactory_core.evaluation import evaluate
 from rlfactory_core.task import build_task
 from rlfactory_core.training.batch import build_batch, micro_batches, turn_reward_tensor
 from rlfactory_core.training.logprobs import token_logprobs
-from rlfactory_core.training.policy import (FrozenReference, attn_implementation, load_policy, use_packing,
-                                           weights_for_backend)
+from rlfactory_core.training.policy import (FrozenReference, attn_implementation, load_policy, packing_is_exact,
+                                            use_packing, weights_for_backend)
 from rlfactory_core.training.update import batch_logprobs, update_policy
 from rlfactory_core.errors import ConfigError
 from rlfactory_core.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
@@ -184,6 +184,43 @@ def test_packing_is_auto_on_only_with_flash_attention():
     auto, on, off = (load_config([], [f"grpo.packing={v}"]) for v in ("auto", "on", "off"))
     assert use_packing(auto, "flash_attention_2") and not use_packing(auto, "sdpa")
     assert use_packing(on, "sdpa") and not use_packing(off, "flash_attention_2")
+
+
+def test_a_model_without_sdpa_trains_on_its_own_attention_and_an_unsupported_choice_is_refused(tmp_path,
+                                                                                                   default_model_dir):
+    """gpt-oss's attention sinks exist only in its eager (and flash/flex) attention: transformers'
+    sdpa path drops them without a word. ``auto`` picks eager for it, so the trainer's logprobs
+    are the model's own; asking for sdpa is refused at load."""
+    from rlfactory_core.testing import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "gpt-oss", default_model_dir, hidden_size=64, architecture="gpt_oss")
+    config = load_config([], ["train.device=cpu", "train.bf16=false"])
+    policy = load_policy(config, model_dir, torch.device("cpu"))
+    assert policy.config._attn_implementation == "eager"
+    with torch.no_grad():  # sinks far from zero, so dropping them shows
+        for module in policy.modules():
+            if hasattr(module, "sinks"):
+                module.sinks.copy_(torch.linspace(-2.0, 3.0, module.sinks.numel()))
+    ids = torch.randint(5, 1000, (1, 40))
+    micro = _micro(ids.tolist(), [[1] * 40], [[0] * 8 + [1] * 32])
+    with torch.no_grad():
+        expected = torch.log_softmax(policy(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None])[:, 0]
+        ours, _ = token_logprobs(policy, micro, bf16=False, entropy=False, packed=False)
+        policy.config._attn_implementation = "sdpa"  # what auto picked before: the sinks are gone
+        without_sinks, _ = token_logprobs(policy, micro, bf16=False, entropy=False, packed=False)
+    assert torch.allclose(ours[0, 8:], expected[7:], atol=1e-5)
+    assert (without_sinks - ours)[0, 8:].abs().max() > 1e-2
+    llama_policy = load_policy(config, default_model_dir, torch.device("cpu"))
+    assert llama_policy.config._attn_implementation == "sdpa"
+    # gpt-oss's causal mask ignores restarting positions: packing would join trajectories
+    on, auto = (load_config([], [f"grpo.packing={choice}"]) for choice in ("on", "auto"))
+    assert not packing_is_exact(policy) and packing_is_exact(llama_policy)
+    assert use_packing(on, "sdpa", llama_policy) and not use_packing(auto, "eager", policy)
+    with pytest.raises(ConfigError, match=r"grpo.packing=on: GptOssForCausalLM lets packed trajectories attend"):
+        use_packing(on, "eager", policy)
+    with pytest.raises(ConfigError, match=r"model.attn_implementation=sdpa: GptOssForCausalLM does not support it"):
+        load_policy(load_config([], ["train.device=cpu", "model.attn_implementation=sdpa"]), model_dir,
+                    torch.device("cpu"))
 
 
 def _has_flash_attention():

@@ -192,7 +192,7 @@ class LocalEngine:
         self.train_thread = DaemonThreadPool(1, thread_name_prefix="rlf-train")
         self.policy = load_policy(config, self.base_path if adapter else model_path, device, adapter)
         self.reference = load_reference(config, self.base_path, device, self.policy)
-        self.packed = use_packing(config, attn_implementation(config, device))
+        self.packed = use_packing(config, attn_implementation(config, device, self.policy), self.policy)
         self.optimizer, self.scheduler = build_optimizer(self.policy, config)
         state = None
         if checkpoint is not None:

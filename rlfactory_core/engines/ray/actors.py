@@ -85,10 +85,11 @@ class TrainerWorker:
         policy = load_policy(config, model_path, device)
         self.names = trainable_names(policy)
         self.hf_model = policy  # its config and save_pretrained; the parameters are the shards
+        # decided before sharding: the packing check's forward then needs no collective
+        self.packed = use_packing(config, attn_implementation(config, device, policy), policy)
         self.policy = shard(policy)
         reference = load_reference(config, base_path, device, policy)  # a frozen copy: LoRA is refused here
         self.reference = FrozenReference(shard(reference.model)) if reference is not None else None
-        self.packed = use_packing(config, attn_implementation(config, device))
         self.optimizer, self.scheduler = build_optimizer(self.policy, config)
         if checkpoint is not None:
             load_local_optimizer_state(self.policy, self.optimizer, self.names, Path(checkpoint))
