@@ -12,8 +12,9 @@ fail. Faults hit training only: the held-out evaluation runs afterwards, with ``
 each checkpoint, against the healthy server (then the checkpoint is deleted; its report stays).
 
 Arms (``--arms``): ``none`` (no faults), ``default:RATE`` (faults, the default handling: the
-failed members run again, then masked), ``penalize:RATE`` (faults, every class trained as
-scored: what every run did before outcomes). Seeds (``train.seed``: data order and sampling)
+failed members run again, then masked, the survivors weighed to undo that selection),
+``uncorrected:RATE`` (the same without the weights: ``failures.resample_correction=none``),
+``penalize:RATE`` (faults, every class trained as scored: what every run did before outcomes). Seeds (``train.seed``: data order and sampling)
 run interleaved, seed 0 of every arm first, so a slower stretch of the machine falls on every
 arm alike.
 
@@ -111,8 +112,8 @@ def parse_arm(parser: argparse.ArgumentParser, arm: str) -> tuple[str, float]:
         value = float(rate)
     except ValueError:
         value = -1.0
-    if handling not in ("default", "penalize") or not 0 < value <= 1:
-        parser.error(f"--arms {arm}: give none, default:RATE or penalize:RATE with RATE in (0, 1]")
+    if handling not in ("default", "uncorrected", "penalize") or not 0 < value <= 1:
+        parser.error(f"--arms {arm}: give none, default:RATE, uncorrected:RATE or penalize:RATE with RATE in (0, 1]")
     return handling, value
 
 
@@ -137,6 +138,8 @@ def run_arm(arm: str, handling: str, rate: float, seed: int, url: str, args: arg
                  f"tool_manager.options={{max_retries: 0, timeout_s: {TOOL_TIMEOUT_S:g}}}"]
     if handling == "penalize":
         overrides.append("failures.infrastructure=penalize")
+    if handling == "uncorrected":
+        overrides.append("failures.resample_correction=none")
     finished = (run_dir / "metrics.jsonl").is_file() and max(r["step"] for r in read_metrics(run_dir)) == args.steps
     faults: collections.Counter[str] = collections.Counter()
     if finished:

@@ -237,6 +237,10 @@ class FailureHandling(pydantic.BaseModel):
     abort_share: float = pydantic.Field(
         DEFAULT_ABORT_SHARE, gt=0, le=1,
         description="a class handled 'abort' stops the run when it ends more than this share of a step")
+    resample_correction: Literal["importance", "none"] = pydantic.Field(
+        "importance", description="undo the bias of training only on the attempts the services answered: weigh each "
+                                  "trajectory by the inverse of its calls' survival (rlfactory_core.resampling); "
+                                  "none trains the survivors as they are")
     max_resamples: int = pydantic.Field(
         DEFAULT_MAX_RESAMPLES, ge=0, le=100,
         description="how many times a step runs a member handled 'resample' again before masking it (0: mask)")

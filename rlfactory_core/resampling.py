@@ -27,6 +27,21 @@ trajectories the run would have had, where a resample's new seed would give othe
 meet in the group: a rerun group's members that fail on the service's side are resampled here
 like any other.
 
+**The selection it makes, undone** (``failures.resample_correction``, default ``importance``):
+keeping only the attempts the services answered is a biased sample. With each call to a tool
+failing with probability ``f``, a trajectory making ``k`` calls survives with probability
+``(1 - f)^k``, so the kept members under-represent the trajectories that call tools most: at
+50 % faults a deepsearch batch held 0.91-0.94 searches per trajectory at step 1 where the
+no-fault runs' held 1.16-1.41 (bench/README.md, issue 39), and the policy learned to search less.
+:func:`selection_weights` gives each trained trajectory the inverse of its survival
+probability, ``prod over tools (1 - f_tool)^-k_tool``, with ``f_tool`` the share of that tool's
+calls in the step's attempts (kept and replaced) that failed in a class the run leaves out
+(resampled, masked or aborting; a class trained ``penalize`` selects nothing), and ``k_tool``
+the trajectory's calls of it that did not; :func:`rlfactory_core.training.grpo.group_advantages`
+weighs its group's mean and std by them and scales its advantage by its weight over the
+group's mean weight (self-normalised, so a group's weights average 1 and none exceeds the group
+size). A step without such a failure has no weights: the batch is exactly as before.
+
 **What is kept**: each replaced attempt (:class:`Replaced`): the step's metrics count them
 (``outcome/resampled/<class>``), and the recorded groups record them beside the trajectories
 that replaced them (:mod:`rlfactory_core.records`, ``replaced``).
@@ -36,14 +51,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .config import RunConfig
 from .engines import rollout_config_for
+from .outcomes import INFRASTRUCTURE, result_outcome, side_of
 from .rewards import ScoredBatch
 
-__all__ = ["Replaced", "resample_seed", "resample_group", "resample_rollout"]
+__all__ = ["Replaced", "resample_seed", "resample_group", "resample_rollout", "selection_weights"]
 
 
 @dataclass
@@ -119,3 +136,42 @@ async def resample_rollout(engine: Any, config: RunConfig, step: int, samples: S
                        scored.select(rows)) for g, rows in by_group.items()))
     return ([t for members, _, _ in done for t in members], ScoredBatch.concat([rows for _, rows, _ in done]),
             [r for _, _, replaced in done for r in replaced])
+
+
+def selection_weights(config: RunConfig, trajectories: Sequence[Any],
+                      replaced: Sequence[Replaced] = ()) -> tuple[list[float] | None, dict[str, float]]:
+    """Per trained trajectory, the importance weight that undoes leaving out the attempts whose
+    tool calls failed on the infrastructure's side (module docstring), and the metrics
+    (``failures/call_failure_rate``: the step's share of such calls; ``failures/weight_max``:
+    the largest weight over its group's mean). ``(None, {})`` when nothing was left out for a
+    failed call, or with ``failures.resample_correction: none``."""
+    if config.failures.resample_correction == "none":
+        return None, {}
+    side = config.rollout.tool_exception_side
+
+    def left_out(result: Any) -> bool:
+        outcome = result_outcome(result, side)
+        return (outcome is not None and side_of(outcome) == INFRASTRUCTURE
+                and config.failures.of(outcome) != "penalize")
+
+    calls, failed = Counter(), Counter()
+    for trajectory in [*trajectories, *(r.trajectory for r in replaced)]:
+        for result in trajectory.tool_results:
+            calls[result.name] += 1
+            failed[result.name] += left_out(result)
+    if not sum(failed.values()):
+        return None, {}
+    metrics = {"failures/call_failure_rate": sum(failed.values()) / sum(calls.values())}
+    survival = {name: 1 - failed[name] / calls[name] for name in calls}
+    weights = []
+    for trajectory in trajectories:
+        weight = 1.0
+        for result in trajectory.tool_results:
+            if not left_out(result) and survival[result.name] > 0:
+                weight /= survival[result.name]
+        weights.append(weight)
+    by_group: dict[Any, list[float]] = {}
+    for trajectory, weight in zip(trajectories, weights):
+        by_group.setdefault(trajectory.group, []).append(weight)
+    metrics["failures/weight_max"] = max(max(w) * len(w) / sum(w) for w in by_group.values())
+    return weights, metrics

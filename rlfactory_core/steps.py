@@ -29,7 +29,7 @@ from .evaluation import eval_summary, tool_metrics
 from .families import TEMPLATE
 from .outcomes import INFRASTRUCTURE, outcome_metrics, side_of
 from .records import trajectory_records, write_records
-from .resampling import resample_rollout
+from .resampling import resample_rollout, selection_weights
 from .rewards import ScoredBatch
 from .rollout import rollout_metrics
 from .run import Run, RunAborted
@@ -151,9 +151,10 @@ async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
     run.view.phase("train")
     t = time.perf_counter()
     config, trajectories, scored = run.config, rollout.assembled.trajectories, rollout.assembled.scored
+    weights, weight_metrics = selection_weights(config, trajectories, rollout.assembled.replaced)
     batch = build_batch(trajectories, scored.totals, config, run.pad_id, run.processor,
                         reward_turn_rewards=scored.turn_rewards, policy_version=run.engine.policy_version,
-                        masked=config.failures.masked(scored.outcomes))
+                        masked=config.failures.masked(scored.outcomes), weights=weights)
     # the first groups are recorded token by token; the update leaves their logprobs before it
     # in the batch (rlfactory_core.records)
     marks = [t.group < config.logging.record_train_groups for t in trajectories]
@@ -161,7 +162,7 @@ async def update_phase(run: Run, step: int, rollout: StepRollout) -> StepUpdate:
     if recorded:
         batch["recorded"] = batch["lengths"].new_tensor([marks[i] for i in batch["trajectory"].tolist()]).bool()
     staleness = _staleness_metrics(batch)
-    stats = {**await run.engine.update(batch, step), **staleness}
+    stats = {**await run.engine.update(batch, step), **staleness, **weight_metrics}
     if recorded:
         _record_train_rows(run, step, rollout, batch, recorded)
     first_rows = [rows[0] for rows in trajectory_rows(batch)]

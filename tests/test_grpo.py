@@ -83,6 +83,27 @@ def test_masked_failures_move_no_baseline_by_hand():
         group_advantages(rewards, [0] * 4, include=[True])
 
 
+def test_importance_weighted_advantages_by_hand():
+    """A group (1, 0, 0) whose first member made the calls a flaky service failed most (weight 2;
+    the others 1): weighted mean 2/4 = 0.5, deviations (0.5, -0.5, -0.5); V1 = 4, V2 = 6, weighted
+    variance (2 * 0.25 + 0.25 + 0.25) / (4 - 6 / 4) = 0.4; each advantage times its weight over the
+    group's mean weight 4/3: (1.5, 0.75, 0.75)."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 3.0, 1.0])
+    groups, weights = [0, 0, 0, 1, 1], [2.0, 1.0, 1.0, 5.0, 5.0]
+    std = math.sqrt(0.4)
+    # group 1: equal weights are the plain advantages (mean 2, std sqrt(2), scale 1)
+    want = [0.5 / std * 1.5, -0.5 / std * 0.75, -0.5 / std * 0.75, 1 / math.sqrt(2), -1 / math.sqrt(2)]
+    assert close(group_advantages(rewards, groups, "group", weights=weights), want, 1e-4)
+    assert close(group_advantages(rewards, groups, "none", weights=weights), [0.75, -0.375, -0.375, 1.0, -1.0])
+    assert close(group_advantages(rewards, groups, "group", weights=[3.0] * 5), group_advantages(rewards, groups))
+    # a masked member weighs nothing: the group is (1, 0) with weights (2, 1): mean 2/3,
+    # deviations (1/3, -2/3), variance (2/9 + 4/9) / (3 - 5/3) = 0.5, scales (4/3, 2/3)
+    masked = group_advantages(rewards, groups, "group", include=[True, True, False, True, True], weights=weights)
+    assert close(masked[:3], [(1 / 3) / math.sqrt(0.5) * 4 / 3, (-2 / 3) / math.sqrt(0.5) * 2 / 3, 0.0], 1e-4)
+    with pytest.raises(ValueError, match="weights must be 5 positive numbers"):
+        group_advantages(rewards, groups, weights=[1.0, 0.0, 1.0, 1.0, 1.0])
+
+
 def test_group_advantages_refuse_bad_groups_and_norms():
     with pytest.raises(ValueError, match="groups must be 4 integer group ids"):
         group_advantages(REWARDS, [0, 0, 1])

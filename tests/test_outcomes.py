@@ -258,8 +258,39 @@ def test_masked_failures_carry_no_loss_and_move_no_baseline_in_the_batch():
     want = group_advantages(torch.tensor(rewards), [0, 0, 0, 1, 1], "group", include=[not m for m in masked])
     assert torch.equal(batch["sequence_advantages"], want) and want[1] == want[4] == 0.0
     assert batch["trajectory_tokens"].tolist() == [5, 0, 5, 4, 0]  # the loss normalisers count no masked token
+    # importance weights (rlfactory_core.resampling.selection_weights) reach the advantages
+    weights = [2.0, 1.0, 1.0, 1.0, 3.0]
+    weighted = build_batch(rows, rewards, config, pad_id=0, masked=masked, weights=weights)
+    assert torch.equal(weighted["sequence_advantages"], group_advantages(
+        torch.tensor(rewards), [0, 0, 0, 1, 1], "group", include=[not m for m in masked], weights=weights))
     penalized = load_config([], ["failures.infrastructure=penalize"]).failures.masked(outcomes_)
     assert penalized == [False] * 5  # today's behaviour, on request
+
+
+def test_selection_weights_undo_keeping_only_the_attempts_the_service_answered():
+    """A step whose searches failed 2 of 6 times (f = 1/3) and whose 2 lookups never did: a kept
+    trajectory with two answered searches survived with probability (2/3)^2 and weighs 9/4, one
+    with one search 3/2, one without 1; lookups weigh nothing. Per group, the largest weight over
+    the group's mean is reported. A class trained as scored selects nothing: no weights; nor
+    with failures.resample_correction=none, nor in a step without failures."""
+    from rlfactory_core.config import load_config
+    from rlfactory_core.resampling import Replaced, selection_weights
+
+    def member(group, *results):
+        return Trajectory(sample_id=f"s{group}", prompt_ids=[1], group=group, tool_results=list(results))
+
+    search, lookup = ToolResult("search", "ok"), ToolResult("lookup", "ok")
+    down = ToolResult("search", "503", error="exception", transient=True)  # tool_unavailable
+    kept = [member(0, search, search), member(0, search, lookup), member(1, lookup), member(1)]
+    failed = [member(0, search, down), member(1, down)]
+    replaced = [Replaced(t.group, 0, 0, t, scored=None) for t in failed]  # their scores play no part
+    weights, metrics = selection_weights(load_config([], []), kept, replaced)
+    assert weights == pytest.approx([9 / 4, 3 / 2, 1.0, 1.0])
+    # 2 failed of 8 calls; group 0's weights (9/4, 3/2) average 15/8: the largest is 1.2 times that
+    assert metrics == pytest.approx({"failures/call_failure_rate": 2 / 8, "failures/weight_max": 1.2})
+    assert selection_weights(load_config([], ["failures.infrastructure=penalize"]), kept, replaced) == (None, {})
+    assert selection_weights(load_config([], ["failures.resample_correction=none"]), kept, replaced) == (None, {})
+    assert selection_weights(load_config([], []), kept) == (None, {})
 
 
 SERVICE = {"fails": lambda expression: "+" in expression}  # when the calculator's service fails
@@ -449,6 +480,9 @@ def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replac
     assert sum(r["attempt"] == 1 for r in trained) == len(replaced)
     assert step["outcome/resampled/tool_infra_error"] == len(replaced) / 8
     assert step["outcome/answered"] == 1.0 and "outcome/masked/tool_infra_error" not in step
+    # every trajectory made one call: the kept ones survived alike, so the weights are equal
+    assert step["failures/call_failure_rate"] == pytest.approx(len(replaced) / (8 + len(replaced)))
+    assert step["failures/weight_max"] == pytest.approx(1.0) and "failures/call_failure_rate" not in penalized
     config = load_config([], [])  # train.seed 0, as the runs'
     possible = {resample_seed(config, 1, position, member, 1) for position in range(4) for member in range(2)}
     resampled = sorted(s for s in seeds if s in possible)

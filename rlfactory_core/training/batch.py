@@ -133,7 +133,8 @@ def turn_reward_tensor(trajectories: Sequence[Any], width: int,
 
 def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: RunConfig, pad_id: int,
                 processor: Any = None, *, reward_turn_rewards: Sequence[Sequence[float]] | None = None,
-                policy_version: int | None = None, masked: Sequence[bool] | None = None) -> Any:
+                policy_version: int | None = None, masked: Sequence[bool] | None = None,
+                weights: Sequence[float] | None = None) -> Any:
     """The rollout batch as a TensorDict (see above), with per-token advantages computed
     within each trajectory's ``group``; with images (a vision-language model's
     ``processor``), their model inputs too. With ``grpo.overlong_filter`` the rows of
@@ -142,7 +143,8 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
     update starts from; each sampled token's ``staleness`` is how many versions older the
     weights that sampled it were (0 where the backend did not say). ``masked``: per trajectory,
     whether it is a failure left out (:mod:`rlfactory_core.outcomes`): no loss, and out of its
-    group's mean and std."""
+    group's mean and std. ``weights``: per trajectory, the importance weight undoing the
+    selection of resampling (:func:`rlfactory_core.resampling.selection_weights`), or None."""
     import torch
 
     from .grpo import group_advantages, token_advantages
@@ -156,7 +158,7 @@ def build_batch(trajectories: Sequence[Any], rewards: Sequence[float], config: R
         _add_image_inputs(td, trajectories, processor)
     include = None if masked is None else [not m for m in masked]
     advantages = group_advantages(torch.tensor(rewards, dtype=torch.float32), groups, config.grpo.advantage_norm,
-                                  include=include)
+                                  include=include, weights=weights)
     row_advantages = advantages[index]
     turn_rewards = None
     has_turn_rewards = any(any(t.turn_rewards) for t in trajectories) or any(

@@ -60,14 +60,21 @@ LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int], norm: AdvantageNorm = "group",
-                     eps: float = 1e-6, include: torch.Tensor | Sequence[bool] | None = None) -> torch.Tensor:
+                     eps: float = 1e-6, include: torch.Tensor | Sequence[bool] | None = None,
+                     weights: torch.Tensor | Sequence[float] | None = None) -> torch.Tensor:
     """``[B]`` advantages for ``[B]`` rewards; ``groups[i]`` is row ``i``'s group (the
     trajectories of one prompt), in any order. Each reward minus its group's mean, divided
     by the group's unbiased std (``group``), the batch's (``batch``) or nothing (``none``).
     Groups may differ in size (a trajectory lost to a failure leaves its group smaller); a
     group of one has advantage 0. ``include`` (``[B]`` bools, default all): rows left out
     (a masked failure: :mod:`rlfactory_core.outcomes`) get advantage 0 and count in no
-    mean or std, as if their group were smaller."""
+    mean or std, as if their group were smaller. ``weights`` (``[B]`` positive importance
+    weights, :func:`rlfactory_core.resampling.selection_weights`): a group's mean is the
+    weighted mean, its std the unbiased weighted one (reliability weights: ``sum w (r - mean)^2
+    / (V1 - V2 / V1)``, ``V1 = sum w``, ``V2 = sum w^2``; the plain std when the weights are
+    equal), and each advantage is scaled by its weight over the group's mean weight, so the
+    group's policy gradient estimates the unselected distribution's (the clipped surrogate is
+    linear in a positive advantage scale)."""
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D, got shape {tuple(rewards.shape)}")
     groups = torch.as_tensor(groups)
@@ -81,6 +88,8 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int]
     if kept.shape != rewards.shape:
         raise ValueError(f"include must be {rewards.numel()} bools, got {tuple(kept.shape)}")
     rewards = rewards.float()
+    if weights is not None:
+        return _weighted_group_advantages(rewards, groups, norm, eps, kept, torch.as_tensor(weights).float())
     centred = torch.zeros_like(rewards)
     group_std = torch.zeros_like(rewards)
     for group in groups[kept].unique():
@@ -95,6 +104,30 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor | Sequence[int]
         return centred / (group_std + eps)
     std = rewards[kept].std() if int(kept.sum()) > 1 else rewards.new_zeros(())
     return centred / (std + eps)
+
+
+def _weighted_group_advantages(rewards: torch.Tensor, groups: torch.Tensor, norm: AdvantageNorm, eps: float,
+                               kept: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """:func:`group_advantages` with importance ``weights`` (its docstring)."""
+    if weights.shape != rewards.shape or not bool((weights[kept] > 0).all()):
+        raise ValueError(f"weights must be {rewards.numel()} positive numbers, got {tuple(weights.shape)}")
+    centred = torch.zeros_like(rewards)
+    group_std = torch.zeros_like(rewards)
+    scale = torch.zeros_like(rewards)
+    for group in groups[kept].unique():
+        rows = (groups == group) & kept
+        values, w = rewards[rows], weights[rows]
+        centred[rows] = values - (w * values).sum() / w.sum()
+        scale[rows] = w / w.mean()
+        if values.numel() > 1:
+            v1, v2 = w.sum(), (w * w).sum()
+            group_std[rows] = ((w * centred[rows] ** 2).sum() / (v1 - v2 / v1)).sqrt()
+    if norm == "none":
+        return centred * scale
+    if norm == "group":
+        return centred / (group_std + eps) * scale
+    std = rewards[kept].std() if int(kept.sum()) > 1 else rewards.new_zeros(())
+    return centred / (std + eps) * scale
 
 
 def token_advantages(advantages: torch.Tensor, mask: torch.Tensor,
