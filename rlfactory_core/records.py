@@ -13,9 +13,9 @@ only the small scalar columns (reward, stop reason, ...) without touching the to
 zstd shrinks the token arrays ~4x, and any Arrow reader (pandas, polars, DuckDB) opens it
 without this package. JSONL would have to parse every token to list a step.
 
-**Schema** (:data:`SCHEMA_VERSION` 3; every file's metadata carries ``rlfactory.schema_version``;
-files of versions 1 (before outcomes) and 2 (before resampling) still read: their new columns
-read as null), one row per trajectory:
+**Schema** (:data:`SCHEMA_VERSION` 4; every file's metadata carries ``rlfactory.schema_version``;
+files of versions 1 (before outcomes), 2 (before resampling) and 3 (before ``num_sequences``)
+still read: their new columns read as null), one row per trajectory:
 
 - ``step`` (the training step it belongs to), ``kind`` (``train``, ``eval``,
   ``cold_start_eval``), ``index`` (its row in the file), ``sample_id``, ``group`` (its group in
@@ -31,7 +31,9 @@ read as null), one row per trajectory:
   of its member, :mod:`rlfactory_core.resampling`), ``replaced`` (true: an attempt a resample
   replaced, recorded beside its group's trajectories, not trained: no advantage),
   ``error`` (why the episode ended early, when it did),
-  ``final_answer``, ``expected`` (JSON), ``num_turns``, ``tool_error_kinds``;
+  ``final_answer``, ``expected`` (JSON), ``num_turns``, ``num_tokens``, ``num_sequences`` (how
+  many token sequences: more than one where the model family rewrote earlier turns) and
+  ``sequence_turns`` (the first model turn of each), ``tool_error_kinds``;
 - ``messages``: the conversation (``role``, ``content``, ``name``, ``tool_call_id``,
   ``tool_calls`` as JSON, ``turn``: -1 for the prompt's messages, few-shot turns included); ``tool_calls``: each call with ``name``, ``arguments`` (JSON),
   ``id``, ``turn``, ``result``, ``error`` (its kind), ``infrastructure`` (the result's mark:
@@ -66,15 +68,15 @@ from .outcomes import side_of
 __all__ = ["SCHEMA_VERSION", "RECORDS_DIR", "RecordError", "RunRecords", "trajectory_records", "write_records",
            "SCALAR_COLUMNS", "scalar_schema", "PROMPT", "MODEL", "OBSERVATION"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: the versions this rlfactory reads (the columns an older file lacks read as null)
-_READABLE = {"1": 1, "2": 2, "3": 3}
+_READABLE = {"1": 1, "2": 2, "3": 3, "4": 4}
 RECORDS_DIR = "trajectories"
 PROMPT, MODEL, OBSERVATION = 0, 1, 2
 #: What a list of trajectories reads: everything but the conversation and the token arrays.
 SCALAR_COLUMNS = ["step", "kind", "index", "sample_id", "group", "policy_version", "reward", "correct",
-                  "advantage", "stop_reason", "outcome", "outcome_side", "attempt", "replaced", "num_turns", "num_tokens", "tool_error_kinds",
-                  "final_answer"]
+                  "advantage", "stop_reason", "outcome", "outcome_side", "attempt", "replaced", "num_turns",
+                  "num_tokens", "num_sequences", "tool_error_kinds", "final_answer"]
 _FILE = re.compile(r"^step-(\d{6,})\.(parquet|jsonl)$")
 
 
@@ -103,7 +105,8 @@ def _schema() -> Any:
         ("stop_reason", pa.string()), ("outcome", pa.string()), ("outcome_side", pa.string()),
         ("attempt", pa.int16()), ("replaced", pa.bool_()), ("error", pa.string()),
         ("final_answer", pa.string()), ("expected", pa.string()), ("num_turns", pa.int16()),
-        ("num_tokens", pa.int32()), ("tool_error_kinds", pa.list_(pa.string())),
+        ("num_tokens", pa.int32()), ("num_sequences", pa.int16()), ("sequence_turns", pa.list_(pa.int16())),
+        ("tool_error_kinds", pa.list_(pa.string())),
         ("messages", pa.list_(message)), ("tool_calls", pa.list_(call)), ("sequences", pa.list_(sequence)),
         ("metadata", pa.string()),
     ], metadata={"rlfactory.schema_version": str(SCHEMA_VERSION)})
@@ -141,12 +144,13 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
         expected = sample.get("answer", sample.get("answers")) if hasattr(sample, "get") else None
         parts = trajectory.sequences
         in_batch = [row] if batch_rows is None else list(batch_rows[row])
-        sequences, first_turn = [], 0
+        sequences, first_turn, first_turns = [], 0, []
         for part, batch_row in zip(parts, in_batch if len(in_batch) == len(parts) else [None] * len(parts)):
             sequences.append(_sequence(
                 part, pieces, first_turn,
                 None if token_advantages is None or batch_row is None else token_advantages[batch_row].tolist(),
                 None if trainer_logprobs is None or batch_row is None else trainer_logprobs[batch_row].tolist()))
+            first_turns.append(first_turn)
             first_turn += sum(s.kind == "model" for s in part.segments)
         versions = [v for sequence in sequences for v in sequence["policy_version"] if v >= 0]
         error, outcome = trajectory.metadata.get("error"), scored.outcomes[row]
@@ -165,6 +169,7 @@ def trajectory_records(trajectories: Sequence[Any], *, step: int, kind: str, sco
             "error": None if error is None else str(error), "final_answer": trajectory.final_answer,
             "expected": None if expected is None else json.dumps(expected, ensure_ascii=False, default=str),
             "num_turns": trajectory.num_turns, "num_tokens": sum(len(q["token_ids"]) for q in sequences),
+            "num_sequences": len(sequences), "sequence_turns": first_turns,
             "tool_error_kinds": sorted(trajectory.metadata.get("tool_errors", {})),
             "messages": _messages(trajectory), "tool_calls": _calls(trajectory),
             "sequences": sequences,
@@ -455,7 +460,8 @@ class RunRecords:
                 "correct": None, "turn_rewards": [], "advantage": None, "stop_reason": sample.get("stop_reason"),
                 "outcome": None, "outcome_side": None, "error": None, "final_answer": sample.get("final_answer"),
                 "expected": json.dumps(sample.get("expected"), ensure_ascii=False),
-                "num_turns": sample.get("turns"), "num_tokens": None, "tool_error_kinds": [],
+                "num_turns": sample.get("turns"), "num_tokens": None, "num_sequences": None, "sequence_turns": [],
+                "tool_error_kinds": [],
                 "messages": [], "tool_calls": calls, "sequences": [], "metadata": "{}",
                 "text": sample.get("text", ""), "text_only": True,
             })

@@ -120,15 +120,17 @@ def test_a_step_round_trips_token_by_token_with_a_real_tokenizer(tmp_path, defau
 
     now = records_module._schema()
     call_v1 = pa.struct([f for f in now.field("tool_calls").type.value_type if f.name != "infrastructure"])
+    added = {"outcome_side", "num_sequences", "sequence_turns"}  # versions 2 and 4 added them
     v1 = pa.schema([pa.field("tool_calls", pa.list_(call_v1)) if f.name == "tool_calls" else f
-                    for f in now if f.name != "outcome_side"], metadata={"rlfactory.schema_version": "1"})
-    rows = [{**{k: v for k, v in r.items() if k != "outcome_side"}, "outcome": "ok",
+                    for f in now if f.name not in added], metadata={"rlfactory.schema_version": "1"})
+    rows = [{**{k: v for k, v in r.items() if k not in added}, "outcome": "ok",
              "tool_calls": [{k: v for k, v in c.items() if k != "infrastructure"} for c in r["tool_calls"]]}
             for r in records]
     pq.write_table(pa.Table.from_pylist(rows, schema=v1), path.with_name("step-000004.parquet"))
     old = run.list("train", 4)
     assert [(r["outcome"], r["outcome_side"]) for r in old] == [("ok", None), ("ok", None)]
     assert run.scalars("train", 4).column("outcome_side").null_count == 2
+    assert [r["num_sequences"] for r in old] == [None, None] and [r["num_sequences"] for r in listed] == [1, 1]
     whole = run.trajectory("train", 4, 1)
     assert whole["outcome_side"] is None and whole["tool_calls"][0]["infrastructure"] is None
     assert whole["sequences"][0]["token_ids"] == all_ids

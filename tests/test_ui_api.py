@@ -437,3 +437,27 @@ def test_trajectories_filter_by_the_policy_version_that_sampled_them(client, run
     assert len(exported) == one["total"]
     found = client.get("/api/runs/tiny/search", params={"q": "user", "kind": "train"}).json()["hits"]
     assert found and all("policy_version" in h for h in found)
+
+
+def test_trajectories_of_several_sequences_are_filtered_exported_and_found_by_sequence(tmp_path, default_model_dir):
+    """A model family that rewrote earlier turns (gpt-oss's follow-up) records a trajectory of two
+    token sequences: the list filters by the number of sequences (a facet), the export follows
+    the filter, and a search hit in the second sequence's turn says "sequence 2 of 2"."""
+    from ui_runs import write_two_sequence_run
+
+    write_two_sequence_run(tmp_path / "runs" / "multi", default_model_dir)
+    app = create_app(tmp_path / "runs", token=TOKEN, port=PORT)
+    with TestClient(app, base_url=f"http://127.0.0.1:{PORT}", headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        listed = c.get("/api/runs/multi/trajectories", params={"kind": "eval"}).json()
+        assert listed["facets"]["sequence_counts"] == [1, 2]
+        assert [r["num_sequences"] for r in listed["rows"]] == [1, 2, 1]
+        two = c.get("/api/runs/multi/trajectories", params={"kind": "eval", "sequences": 2}).json()
+        assert two["total"] == 1 and two["rows"][0]["sample_id"] == "q1"
+        exported = c.get("/api/runs/multi/export/trajectories.jsonl",
+                         params={"kind": "eval", "sequences": 2}).text.splitlines()
+        assert [json.loads(line)["sequence_turns"] for line in exported] == [[0, 1]]
+        hits = c.get("/api/runs/multi/search", params={"q": "zebra"}).json()["hits"]
+        assert [(h["index"], h["sequence"], h["num_sequences"]) for h in hits] == [(1, 2, 2)]
+        first = c.get("/api/runs/multi/search", params={"q": "first answer"}).json()["hits"]
+        # the single-sequence trajectories' hits name no sequence; q1's is in its first
+        assert [(h["index"], h.get("sequence")) for h in first] == [(0, None), (1, 1), (2, None)]

@@ -408,6 +408,30 @@ def test_search_finds_text_only_one_tool_result_holds_and_opens_it_marked(browse
         shutil.rmtree(run)
 
 
+def test_a_trajectory_of_two_sequences_is_filtered_by_them_and_found_in_its_second(browser, served,
+                                                                                   default_model_dir):
+    from ui_runs import write_two_sequence_run
+
+    run = write_two_sequence_run(served["runs"] / "followed-up", default_model_dir)
+    try:
+        browser.get(f"{served['base']}/?token={TOKEN}")
+        browser.get(f"{served['base']}/#/run/followed-up")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 3, message="3 rows")
+        assert "1 · 2 sequences" in page_text(browser, "tr.trajectory-row[data-index='1']")
+        Select(browser.find_element(By.ID, "sequence-count")).select_by_value("2")
+        wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 1, message="q1 alone")
+        assert "sequences=2" in browser.current_url and "sequences=2" in browser.find_element(
+            By.ID, "export-trajectories").get_attribute("href")
+        box = browser.find_element(By.ID, "search")
+        box.send_keys("zebra\n")
+        wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results li.hit"), message="the hit")
+        assert "sequence 2 of 2" in page_text(browser, "#search-results li.hit")
+        browser.find_element(By.CSS_SELECTOR, "#search-results li.hit a").click()
+        wait(browser, lambda d: "sequence 2 of 2" in page_text(d, "body"), message="the token view's second sequence")
+    finally:
+        shutil.rmtree(run)
+
+
 def test_columns_sort_rows_answer_the_keyboard_and_the_page_follows_a_dark_system_setting(browser, served):
     browser.get(f"{served['base']}/?token={TOKEN}")
     browser.get(f"{served['base']}/#/run/tiny?kind=eval&step=all")

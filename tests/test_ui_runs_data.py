@@ -24,6 +24,7 @@ def row(step, index):
             "stop_reason": STOPS[index % 4], "tool_error_kinds": ERRORS[(index + step) % 4],
             "outcome": OUTCOMES[index % 5][0], "outcome_side": OUTCOMES[index % 5][1],
             "final_answer": f"a{index}", "messages": [{"role": "user", "content": f"question {index % 5}"}],
+            "num_sequences": 2 if index % 3 == 0 else 1,
             "sequences": [{"token_ids": [1, 2, 3], "segment": [0, 1, 1], "loss_mask": [0, 1, 1]}]}
 
 
@@ -41,7 +42,7 @@ def runs(tmp_path):
 
 
 def reference(rows, min_reward=None, max_reward=None, stop_reason=None, tool_error=None, sample_id=None,
-              outcome=None):
+              outcome=None, sequences=None):
     def keep(r):
         reward = r["reward"]
         return ((min_reward is None or (reward is not None and reward >= min_reward))
@@ -49,7 +50,8 @@ def reference(rows, min_reward=None, max_reward=None, stop_reason=None, tool_err
                 and (not stop_reason or r["stop_reason"] == stop_reason)
                 and (not tool_error or tool_error in (r["tool_error_kinds"] or ()))
                 and (not sample_id or sample_id in str(r["sample_id"]))
-                and (not outcome or outcome in (r["outcome"], r["outcome_side"])))
+                and (not outcome or outcome in (r["outcome"], r["outcome_side"]))
+                and (sequences is None or r["num_sequences"] == sequences))
     return [r for r in rows if keep(r)]
 
 
@@ -59,7 +61,8 @@ def reference(rows, min_reward=None, max_reward=None, stop_reason=None, tool_err
                                      {"tool_error": "parse_error", "min_reward": 0.0}, {"sample_id": "q3"},
                                      {"sample_id": "nothing"}, {"stop_reason": "no_tool_call", "sample_id": "q"},
                                      {"outcome": "tool_timeout"}, {"outcome": "infrastructure"},
-                                     {"outcome": "policy", "min_reward": 0.3}])
+                                     {"outcome": "policy", "min_reward": 0.3}, {"sequences": 2},
+                                     {"sequences": 1, "outcome": "policy"}])
 def test_filters_over_every_step_keep_what_a_python_filter_keeps(runs, filters):
     records = RunRecords(runs / "run")
     every = [r for step in records.steps("eval") for r in records.list("eval", step)]
@@ -72,7 +75,7 @@ def test_filters_over_every_step_keep_what_a_python_filter_keeps(runs, filters):
                                 "tool_errors": ["parse_error", "timeout"],
                                 "outcomes": ["answered", "env_error", "malformed_call", "tool_timeout",
                                              "infrastructure", "policy"],
-                                "policy_versions": [0, 1, 2, 3]}
+                                "policy_versions": [0, 1, 2, 3], "sequence_counts": [1, 2]}
     page = RunsData(runs).trajectories("run", "eval", offset=5, limit=4, **filters)
     assert page["rows"] == expected[5:9] and page["total"] == len(expected)
 

@@ -1,5 +1,6 @@
 """A runs directory for the UI tests: a real short training run (tiny model) next to a run
-made before token records, a damaged run, and a run killed with -9 (a stale heartbeat)."""
+made before token records, a damaged run, and a run killed with -9 (a stale heartbeat); and a
+run whose trajectories are of one or two token sequences."""
 
 from __future__ import annotations
 
@@ -46,3 +47,36 @@ def make_runs(root: Path, tiny_model_dir: Path) -> Path:
         "version": 1, "state": "running", "pid": 2 ** 22 + 17, "host": "elsewhere", "started_at": time.time() - 900,
         "updated_at": time.time() - 600, "step": 3, "steps": 5, "message": ""}))
     return runs
+
+
+def write_two_sequence_run(run_dir: Path, tokenizer_dir: Path) -> Path:
+    """An eval step of three trajectories recorded through the real records code: q0 and q2 of
+    one token sequence, q1 of two (a follow-up question after its first answer started a new
+    sequence, as gpt-oss's format does; its second answer is "a zebra")."""
+    from rlfactory_core.models import load_tokenizer
+    from rlfactory_core.records import trajectory_records, write_records
+    from rlfactory_core.rewards import ScoredBatch
+    from rlfactory_core.types import Message, Segment, TokenSequence, Trajectory
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    ids = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+
+    def episode(number: int, follow_up: bool) -> Trajectory:
+        t = Trajectory(sample_id=f"q{number}", prompt_ids=ids("Question?"), group=0, stop_reason="no_tool_call")
+        first = Segment("model", ids("first answer"), [-0.1] * len(ids("first answer")), num_messages=1)
+        t.messages = [Message("user", "Question?"), Message("assistant", "first answer")]
+        if not follow_up:
+            t.segments = [first]
+            return t
+        asked = Segment("observation", ids("And then?"), num_messages=1)
+        t.earlier_sequences = [TokenSequence(ids("Question?"), [first, asked])]
+        t.prompt_ids = ids("Question? first answer And then?")  # the rewritten conversation
+        t.segments = [Segment("model", ids("a zebra"), [-0.2] * len(ids("a zebra")), num_messages=1)]
+        t.messages += [Message("user", "And then?"), Message("assistant", "a zebra")]
+        return t
+
+    trajectories = [episode(0, False), episode(1, True), episode(2, False)]
+    scored = ScoredBatch(totals=[0.0] * 3, components=[{}] * 3, correct=[None] * 3, errors={}, applied={})
+    write_records(run_dir, "eval", 1, trajectory_records(trajectories, step=1, kind="eval", scored=scored,
+                                                         tokenizer=tokenizer, row_samples=[None] * 3))
+    return run_dir

@@ -109,15 +109,15 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     def trajectories(name: str, kind: str = "eval", step: int | None = None, min_reward: float | None = None,
                      max_reward: float | None = None, stop_reason: str | None = None,
                      tool_error: str | None = None, sample_id: str | None = None, outcome: str | None = None,
-                     policy_version: int | None = None,
+                     policy_version: int | None = None, sequences: int | None = None,
                      sort: str | None = Query(None, pattern=f"^({'|'.join(SORTABLE)})$"),
                      order: str = Query("asc", pattern="^(asc|desc)$"),
                      offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)) -> JSONResponse:
         return JSONResponse(data.trajectories(
             name, _kind(kind), step=step, min_reward=min_reward, max_reward=max_reward,
             stop_reason=stop_reason or None, tool_error=tool_error or None, sample_id=sample_id or None,
-            outcome=outcome or None, policy_version=policy_version, sort=sort or None, descending=order == "desc",
-            offset=offset, limit=limit))
+            outcome=outcome or None, policy_version=policy_version, sequences=sequences, sort=sort or None,
+            descending=order == "desc", offset=offset, limit=limit))
 
     @app.get("/api/runs/{name}/trajectories/{kind}/{step}/{index}")
     def trajectory(name: str, kind: str, step: int, index: int) -> Response:
@@ -138,13 +138,14 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
     def export_trajectories(name: str, kind: str = "eval", step: int | None = None, min_reward: float | None = None,
                             max_reward: float | None = None, stop_reason: str | None = None,
                             tool_error: str | None = None, sample_id: str | None = None,
-                            outcome: str | None = None, policy_version: int | None = None) -> StreamingResponse:
+                            outcome: str | None = None, policy_version: int | None = None,
+                            sequences: int | None = None) -> StreamingResponse:
         kind = _kind(kind)
         data.run_dir(name)  # an unknown run is a 404 before the stream starts
         lines = export.trajectories_jsonl(data, name, kind, step=step, min_reward=min_reward, max_reward=max_reward,
                                           stop_reason=stop_reason or None, tool_error=tool_error or None,
                                           sample_id=sample_id or None, outcome=outcome or None,
-                                          policy_version=policy_version)
+                                          policy_version=policy_version, sequences=sequences)
         where = f"-step-{step}" if step is not None else ""
         return StreamingResponse(lines, media_type="application/x-ndjson",
                                  headers=export.attachment(f"{name}-{kind}{where}.jsonl"))

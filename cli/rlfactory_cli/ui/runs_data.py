@@ -278,11 +278,12 @@ class RunsData:
     def trajectories(self, name: str, kind: str, *, step: int | None = None, min_reward: float | None = None,
                      max_reward: float | None = None, stop_reason: str | None = None,
                      tool_error: str | None = None, sample_id: str | None = None, outcome: str | None = None,
-                     policy_version: int | None = None, sort: str | None = None, descending: bool = False,
-                     offset: int = 0, limit: int = 100) -> dict[str, Any]:
+                     policy_version: int | None = None, sequences: int | None = None, sort: str | None = None,
+                     descending: bool = False, offset: int = 0, limit: int = 100) -> dict[str, Any]:
         """The recorded trajectories of ``kind`` at ``step`` (every step when None) that pass
-        the filters: their scalar columns, ``limit`` of them from ``offset``; in step and index
-        order, or by ``sort`` (one of :data:`SORTABLE`; rows without a value last)."""
+        the filters (``sequences``: made of that many token sequences), their scalar columns,
+        ``limit`` of them from ``offset``; in step and index order, or by ``sort`` (one of
+        :data:`SORTABLE`; rows without a value last)."""
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -322,6 +323,8 @@ class RunsData:
             keep.append(pc.match_substring(table["sample_id"], sample_id))
         if policy_version is not None:  # the weights that sampled it (an asynchronous run's versions differ)
             keep.append(pc.equal(table["policy_version"], pa.scalar(int(policy_version), pa.int32())))
+        if sequences is not None:  # a family that rewrote earlier turns made several
+            keep.append(pc.equal(table["num_sequences"], pa.scalar(int(sequences), pa.int16())))
         kept = table.filter(functools.reduce(pc.and_kleene, keep)) if keep else table
         if sort is not None:
             if sort not in SORTABLE:
@@ -335,7 +338,8 @@ class RunsData:
                   "tool_errors": sorted(v for v in pc.unique(pc.list_flatten(table["tool_error_kinds"])).to_pylist()
                                         if v is not None),
                   "policy_versions": sorted(v for v in pc.unique(table["policy_version"]).to_pylist()
-                                            if v is not None and v >= 0)}
+                                            if v is not None and v >= 0),
+                  "sequence_counts": sorted(v for v in pc.unique(table["num_sequences"]).to_pylist() if v)}
         return json_safe({"kind": kind, "steps": list(files), "total": kept.num_rows, "offset": offset,
                           "rows": [_short(row) for row in kept.slice(offset, limit).to_pylist()], "facets": facets,
                           "errors": errors})

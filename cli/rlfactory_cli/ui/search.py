@@ -23,7 +23,7 @@ __all__ = ["search", "CONTEXT", "MAX_HITS"]
 CONTEXT = 80
 #: Hits returned at most (``total`` counts them all).
 MAX_HITS = 200
-_COLUMNS = ["index", "sample_id", "policy_version", "messages", "tool_calls", "final_answer"]
+_COLUMNS = ["index", "sample_id", "policy_version", "sequence_turns", "messages", "tool_calls", "final_answer"]
 
 
 def search(data: RunsData, name: str, query: str, kind: str | None = None,
@@ -32,7 +32,9 @@ def search(data: RunsData, name: str, query: str, kind: str | None = None,
 
     Returns ``{"query", "total": matches, "hits": [hit], "truncated": bool, "errors"}``; a hit
     is ``{"kind", "step", "index", "sample_id", "policy_version", "where", "before", "match", "after"}`` with
-    ``where`` like ``message 3 (tool)``, ``tool call 0 (search) result`` or ``final answer``."""
+    ``where`` like ``message 3 (tool)``, ``tool call 0 (search) result`` or ``final answer``, and, in a
+    trajectory of several token sequences, ``sequence`` (1, 2, ...: the one the hit's turn is in;
+    none for the prompt's messages) and ``num_sequences``."""
     query = query.strip()
     errors: dict[str, str] = {}
     if not query:
@@ -61,9 +63,11 @@ def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path, columns=_COLUMNS)
+    file = pq.ParquetFile(path)
+    table = file.read(columns=[c for c in _COLUMNS if c in file.schema_arrow.names])  # version 3: no sequence_turns
     index, sample, version = (table[c].to_pylist() for c in ("index", "sample_id", "policy_version"))
-    found: list[tuple[int, tuple[int, ...], str, str]] = []  # (row, order within the row, where, text)
+    starts = table["sequence_turns"].to_pylist() if "sequence_turns" in table.column_names else [None] * len(index)
+    found: list[tuple[int, tuple[int, ...], str, str, int | None]] = []  # (row, order in the row, where, text, turn)
     for rank, (column, fields) in enumerate((("messages", ("content",)), ("tool_calls", ("arguments", "result")))):
         lists = table[column]
         flat = pc.list_flatten(lists)
@@ -82,15 +86,24 @@ def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
                 number = offsets[position]
                 where = (f"message {number} ({item.get('role')})" if column == "messages"
                          else f"tool call {number} ({item.get('name')}) {field}")
-                found.append((parents[position], (rank, number, fields.index(field)), where, item[field]))
+                found.append((parents[position], (rank, number, fields.index(field)), where, item[field],
+                              item.get("turn")))
     answers = pc.indices_nonzero(pc.fill_null(pc.match_substring(table["final_answer"], query, ignore_case=True),
                                               False))
     for row in answers.to_pylist():
-        found.append((row, (2,), "final answer", table["final_answer"][row].as_py()))
+        found.append((row, (2,), "final answer", table["final_answer"][row].as_py(), 1 << 14))
     found.sort(key=lambda hit: (hit[0], hit[1]))
     return [{"index": index[row], "sample_id": sample[row], "policy_version": version[row], "where": where,
-             **_snippet(text, query)}
-            for row, _, where, text in found]
+             **_sequence_of(starts[row], turn), **_snippet(text, query)}
+            for row, _, where, text, turn in found]
+
+
+def _sequence_of(starts: list[int] | None, turn: int | None) -> dict[str, int]:
+    """``{"sequence": k, "num_sequences": n}`` for a hit at model turn ``turn`` of a trajectory whose
+    ``n > 1`` sequences start at the turns ``starts``; empty for one sequence or the prompt."""
+    if not starts or len(starts) < 2 or turn is None or turn < 0:
+        return {}
+    return {"sequence": sum(start <= turn for start in starts), "num_sequences": len(starts)}
 
 
 def _snippet(text: str, query: str) -> dict[str, str]:

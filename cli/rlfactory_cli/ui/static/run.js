@@ -172,7 +172,8 @@ function searchBox(name) {
       h("ol", {class: "hits"}, body.hits.map(hit => h("li", {class: "hit"},
         h("a", {href: `#/run/${enc(name)}/t/${enc(hit.kind)}/${hit.step}/${hit.index}?q=${enc(q)}`},
           `${hit.kind} step ${hit.step} · trajectory ${hit.index} · ${hit.sample_id} · ${hit.where}` +
-          (hit.policy_version >= 0 ? ` · version ${hit.policy_version}` : "")),
+          (hit.policy_version >= 0 ? ` · version ${hit.policy_version}` : "") +
+          (hit.num_sequences ? ` · sequence ${hit.sequence} of ${hit.num_sequences}` : "")),
         h("div", {class: "mono snippet"}, hit.before, h("mark", {}, hit.match), hit.after)))));
   }
   input.addEventListener("change", run);
@@ -222,6 +223,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   const toolError = h("select", {id: "tool-error"}, h("option", {value: ""}, "any"));
   const outcome = h("select", {id: "outcome"}, h("option", {value: ""}, "any"));
   const version = h("select", {id: "policy-version"}, h("option", {value: ""}, "any"));
+  const sequenceCount = h("select", {id: "sequence-count"}, h("option", {value: ""}, "any"));
   const sampleId = h("input", {type: "search", id: "sample-id", placeholder: "sample id"});
   const rows = h("tbody", {onkeydown: e => {  // j/k (or the arrows) move between rows, Enter opens one
     const row = e.target.closest("tr.trajectory-row");
@@ -252,7 +254,8 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   sampleId.value = query.get("sample_id") || "";
   // the filters the address names, applied once their choices (the step's facets) are there
   const wanted = {stop_reason: query.get("stop_reason") || "", tool_error: query.get("tool_error") || "",
-                  outcome: query.get("outcome") || "", policy_version: query.get("policy_version") || ""};
+                  outcome: query.get("outcome") || "", policy_version: query.get("policy_version") || "",
+                  sequences: query.get("sequences") || ""};
   if (query.get("step") === "all") step.dataset.chosen = "all";
   else if (query.get("step")) step.dataset.wanted = query.get("step");
   const previous = h("button", {type: "button", id: "previous-page", onclick: () => { offset = Math.max(0, offset - PAGE); load(); }}, "previous");
@@ -275,7 +278,8 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
   function remember() {
     setQuery({kind: kind.value, step: step.value === "" ? "all" : step.value, min_reward: minReward.value,
               max_reward: maxReward.value, stop_reason: stopReason.value, tool_error: toolError.value,
-              outcome: outcome.value, policy_version: version.value, sample_id: sampleId.value, sort: sortBy,
+              outcome: outcome.value, policy_version: version.value, sequences: sequenceCount.value,
+              sample_id: sampleId.value, sort: sortBy,
               order: sortBy ? order : "",
               offset: offset || ""});
     // the export is the list as filtered now, every page of it
@@ -283,7 +287,7 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     for (const [key, value] of [["step", step.value], ["min_reward", minReward.value], ["max_reward", maxReward.value],
                                 ["stop_reason", stopReason.value], ["tool_error", toolError.value],
                                 ["outcome", outcome.value], ["policy_version", version.value],
-                                ["sample_id", sampleId.value]]) if (value) params.set(key, value);
+                                ["sequences", sequenceCount.value], ["sample_id", sampleId.value]]) if (value) params.set(key, value);
     exportLink.href = `/api/runs/${enc(name)}/export/trajectories.jsonl?${params}`;
   }
 
@@ -293,7 +297,8 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     if (minReward.value !== "") params.set("min_reward", minReward.value);
     if (maxReward.value !== "") params.set("max_reward", maxReward.value);
     const chosen = {stop_reason: stopReason.value || wanted.stop_reason, tool_error: toolError.value || wanted.tool_error,
-                    outcome: outcome.value || wanted.outcome, policy_version: version.value || wanted.policy_version};
+                    outcome: outcome.value || wanted.outcome, policy_version: version.value || wanted.policy_version,
+                    sequences: sequenceCount.value || wanted.sequences};
     for (const [key, value] of Object.entries(chosen)) if (value) params.set(key, value);
     if (sampleId.value) params.set("sample_id", sampleId.value);
     if (sortBy) { params.set("sort", sortBy); params.set("order", order); }
@@ -303,7 +308,8 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     for (const [select, values, key] of [[stopReason, body.facets.stop_reasons, "stop_reason"],
                                          [toolError, body.facets.tool_errors, "tool_error"],
                                          [outcome, body.facets.outcomes, "outcome"],
-                                         [version, (body.facets.policy_versions || []).map(String), "policy_version"]]) {
+                                         [version, (body.facets.policy_versions || []).map(String), "policy_version"],
+                                         [sequenceCount, (body.facets.sequence_counts || []).map(String), "sequences"]]) {
       const current = select.value || wanted[key];
       wanted[key] = "";
       // a filter the step's facets do not list (an outcome side: policy) is kept, as chosen
@@ -324,12 +330,13 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
       h("td", {}, r.group >= 0 ? r.group : "–"), h("td", {}, fmt(r.reward)), h("td", {}, fmt(r.advantage)),
       h("td", {}, r.stop_reason || "–"), h("td", {class: r.outcome_side === "infrastructure" ? "outcome-infrastructure" : ""},
         (r.outcome || "–") + (r.replaced ? " · replaced" : r.attempt ? ` · attempt ${r.attempt}` : "")),
-      h("td", {}, fmt(r.num_turns)), h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
+      h("td", {}, fmt(r.num_turns) + (r.num_sequences > 1 ? ` · ${r.num_sequences} sequences` : "")),
+      h("td", {}, (r.tool_error_kinds || []).join(", ") || "–"),
       h("td", {class: "mono"}, String(r.final_answer ?? "").slice(0, 80))); }));
     restoreScroll();
   }
 
-  for (const el of [kind, step, stopReason, toolError, outcome, version]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
+  for (const el of [kind, step, stopReason, toolError, outcome, version, sequenceCount]) el.addEventListener("change", () => { if (el === kind) fillSteps(); offset = 0; load(); });
   for (const el of [minReward, maxReward, sampleId]) el.addEventListener("change", () => { offset = 0; load(); });
   step.addEventListener("change", () => { step.dataset.chosen = step.value === "" ? "all" : ""; });
   box.addEventListener("recorded", e => { recorded = e.detail; fillSteps(); if (step.value === "") load(); });
@@ -337,7 +344,9 @@ function showTrajectoryList(box, name, recorded, query = new URLSearchParams()) 
     h("div", {class: "toolbar"}, h("label", {}, "kind", kind), h("label", {}, "step", step),
       h("label", {}, "reward", minReward, "–", maxReward), h("label", {}, "stop", stopReason),
       h("label", {}, "tool error", toolError), h("label", {}, "outcome", outcome),
-      h("label", {title: "the policy version (weights) that sampled it"}, "version", version), sampleId),
+      h("label", {title: "the policy version (weights) that sampled it"}, "version", version),
+      h("label", {title: "how many token sequences (several where the model family rewrote earlier turns)"},
+        "sequences", sequenceCount), sampleId),
     h("div", {class: "toolbar"}, status, previous, next, exportLink), errors,
     h("table", {id: "trajectory-table"}, h("thead", {}, header), rows));
   fillSteps();

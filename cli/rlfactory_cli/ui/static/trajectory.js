@@ -229,7 +229,7 @@ async function showTrajectory(name, kind, step, index, find = "") {
     "attempt", r.replaced ? `${r.attempt}, replaced by a resample (not trained)` : fmt(r.attempt || 0), "turns", fmt(r.num_turns), "turn rewards", (r.turn_rewards || []).map(v => fmt(v)).join(", ") || "–",
     "final answer", h("span", {class: "mono"}, String(r.final_answer ?? "–").slice(0, LONG_TEXT)),
     "expected", h("span", {class: "mono"}, String(r.expected ?? "–").slice(0, LONG_TEXT)),
-    "policy version", fmt(r.policy_version),
+    "policy version", fmt(r.policy_version), "sequences", fmt(r.num_sequences ?? (r.sequences || []).length),
     "time", `generation ${fmt(meta.generation_s)} s, tools ${fmt(meta.tool_s)} s`,
     "parse errors", fmt(meta.parse_errors), "cut-off turns", fmt(meta.cut_turns));
   const same = h("a", {id: "same-sample", href: `#/run/${enc(name)}/same/${enc(kind)}/${enc(r.sample_id)}`},
