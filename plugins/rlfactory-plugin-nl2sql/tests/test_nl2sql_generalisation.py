@@ -129,6 +129,33 @@ def test_a_constant_or_copied_result_is_right_on_one_database_only(built, splits
     assert reward.score(wrong, sample).components["check_db_mismatch"] == 0.0  # wrong already on the real one
 
 
+def test_a_query_failing_on_the_check_copy_is_wrong_there_and_a_broken_copy_names_itself(built, splits, tmp_path):
+    """A query right on the real database that fails on the check copy (here: it also reads a
+    table the copy lacks) scores 0 with the copy's error recorded; a check copy on which the gold
+    SQL itself fails is the dataset's error, one line naming the sample and the copy."""
+    import shutil
+    import sqlite3
+
+    sample = next(s for s in splits["test"] if s["kind"] == "capital")
+    copy = tmp_path / "check.sqlite"
+    shutil.copy(sample["check_db_path"], copy)
+    with sqlite3.connect(copy) as db:
+        db.execute("DROP TABLE borders")
+    reward = SQLExecutionReward()
+    on_copy = {**sample, "check_db_path": str(copy)}
+    reads_borders = sample["query"].rstrip(";") + " AND EXISTS (SELECT 1 FROM borders)"
+    assert run_query(built / DATABASE_FILE, reads_borders).rows == run_query(built / DATABASE_FILE, sample["query"]).rows
+    t = trajectory(f"<answer>{reads_borders}</answer>")
+    out = reward.score(t, on_copy)
+    assert out.correct is False and out.components["check_db_mismatch"] == 1.0
+    assert t.metadata["sql_execution"]["database"] == "check" and "borders" in t.metadata["sql_execution"]["error"]
+    with sqlite3.connect(copy) as db:
+        db.execute("DROP TABLE capitals")
+    with pytest.raises(RuntimeError, match=rf"the gold SQL of sample {sample['id']} failed on {copy}: .*capitals"
+                                           r".*fix or drop this dataset row"):
+        SQLExecutionReward().score(trajectory(f"<answer>{sample['query']}</answer>"), on_copy)
+
+
 def test_a_row_naming_an_unknown_check_database_is_a_one_line_error(built, tmp_path):
     rows = json.loads((built / "test.json").read_text())[:2]
     rows[1]["check_db_id"] = "nowhere"
