@@ -417,7 +417,7 @@ def test_a_trajectory_of_two_sequences_is_filtered_by_them_and_found_in_its_seco
         browser.get(f"{served['base']}/?token={TOKEN}")
         browser.get(f"{served['base']}/#/run/followed-up")
         wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 3, message="3 rows")
-        assert "1 · 2 sequences" in page_text(browser, "tr.trajectory-row[data-index='1']")
+        assert "2 · 2 sequences" in page_text(browser, "tr.trajectory-row[data-index='1']")  # its 2 turns
         Select(browser.find_element(By.ID, "sequence-count")).select_by_value("2")
         wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "tr.trajectory-row")) == 1, message="q1 alone")
         assert "sequences=2" in browser.current_url and "sequences=2" in browser.find_element(
