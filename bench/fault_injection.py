@@ -14,6 +14,8 @@ each checkpoint, against the healthy server (then the checkpoint is deleted; its
 Arms (``--arms``): ``none`` (no faults), ``default:RATE`` (faults, the default handling: the
 failed members run again, then masked, the survivors weighed to undo that selection),
 ``uncorrected:RATE`` (the same without the weights: ``failures.resample_correction=none``),
+``retry:RATE`` (the default handling, and each call the service failed run again up to twice before
+the model reads a result: ``rollout.infrastructure_retries=2``),
 ``penalize:RATE`` (faults, every class trained as scored: what every run did before outcomes). Seeds (``train.seed``: data order and sampling)
 run interleaved, seed 0 of every arm first, so a slower stretch of the machine falls on every
 arm alike.
@@ -112,8 +114,9 @@ def parse_arm(parser: argparse.ArgumentParser, arm: str) -> tuple[str, float]:
         value = float(rate)
     except ValueError:
         value = -1.0
-    if handling not in ("default", "uncorrected", "penalize") or not 0 < value <= 1:
-        parser.error(f"--arms {arm}: give none, default:RATE, uncorrected:RATE or penalize:RATE with RATE in (0, 1]")
+    if handling not in ("default", "uncorrected", "retry", "penalize") or not 0 < value <= 1:
+        parser.error(f"--arms {arm}: give none, default:RATE, uncorrected:RATE, retry:RATE or penalize:RATE with "
+                     "RATE in (0, 1]")
     return handling, value
 
 
@@ -140,6 +143,8 @@ def run_arm(arm: str, handling: str, rate: float, seed: int, url: str, args: arg
         overrides.append("failures.infrastructure=penalize")
     if handling == "uncorrected":
         overrides.append("failures.resample_correction=none")
+    if handling == "retry":
+        overrides.append("rollout.infrastructure_retries=2")
     finished = (run_dir / "metrics.jsonl").is_file() and max(r["step"] for r in read_metrics(run_dir)) == args.steps
     faults: collections.Counter[str] = collections.Counter()
     if finished:

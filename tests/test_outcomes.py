@@ -492,6 +492,28 @@ def test_members_failed_by_the_service_run_again_with_their_own_seeds_and_replac
         (r["group"], r["outcome"], r["attempt"]) for r in rows_again]
 
 
+def test_a_call_the_service_failed_runs_again_before_the_model_reads_a_result(tmp_path, tiny_model_dir):
+    """rollout.infrastructure_retries=1: the service fails each sum's first call; the call runs
+    again at once (the same call, through the real tool manager), the model reads the answer, and
+    the step trains on answered trajectories: none resampled, masked or weighed, since nothing
+    was selected."""
+    from rlfactory_core.metrics import read_metrics
+    from rlfactory_core.records import RunRecords
+
+    seen = set()
+    SERVICE["fails"] = lambda expression: expression not in seen and not seen.add(expression)
+    try:
+        flaky_run(tmp_path / "run", tiny_model_dir, "rollout.infrastructure_retries=1")
+    finally:
+        SERVICE["fails"] = lambda expression: "+" in expression
+    step, rows = read_metrics(tmp_path / "run")[1], RunRecords(tmp_path / "run").list("train", 1)
+    assert step["outcome/answered"] == 1.0 and {r["outcome"] for r in rows} == {"answered"}
+    assert not [k for k in step if k.startswith(("outcome/resampled", "outcome/masked", "failures/"))]
+    assert all(not r["replaced"] and r["attempt"] == 0 and not r["tool_error_kinds"] for r in rows)
+    # one retry per question: its first call failed, every later one (the group's other member) did not
+    assert step["rollout/infrastructure_retries"] == len({r["sample_id"] for r in rows}) == 4
+
+
 def test_a_member_failing_every_attempt_is_masked_and_each_attempt_recorded(tmp_path, tiny_model_dir):
     """The service fails on every sum: each sum's member runs failures.max_resamples=1 more time,
     fails again and is masked (out of the loss and the baseline); both attempts are counted

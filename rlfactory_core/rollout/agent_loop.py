@@ -102,6 +102,11 @@ class RolloutConfig(pydantic.BaseModel):
                               "TransientToolError nor an InfrastructureError): the model's call's, by default, as "
                               "most are its arguments' fault; 'infrastructure' for tools whose exceptions are "
                               "outages (rlfactory_core.outcomes)")
+    infrastructure_retries: int = pydantic.Field(
+        0, ge=0, le=10, description="a tool call whose result failed on the infrastructure's side (a timeout, an "
+                                    "outage: rlfactory_core.outcomes) runs again with the same arguments, up to this "
+                                    "many times, before the model sees a result: the trajectory is the one a working "
+                                    "service would have given, later (no selection, unlike resampling the member)")
     sampling: SamplingConfig = pydantic.Field(default_factory=SamplingConfig)
 
     def sampling_params(self, index: int = 0, stop_token_ids: Sequence[int] = ()) -> SamplingParams:
@@ -122,6 +127,23 @@ def _token_limit(config: RolloutConfig, backend: Any) -> int:
     if isinstance(context_length, int) and context_length > 0:
         return min(config.max_trajectory_tokens, context_length)
     return config.max_trajectory_tokens
+
+
+async def _retried(tool_manager: Any, calls: Sequence[Any], results: list[ToolResult], ctx: dict[str, Any],
+                   config: RolloutConfig, trajectory: Trajectory) -> list[ToolResult]:
+    """``results`` with each call that failed on the infrastructure's side run again (the same
+    call), up to ``config.infrastructure_retries`` times; the trajectory's metadata counts the
+    runs (``infrastructure_retries``)."""
+    results = list(results)
+    for _ in range(config.infrastructure_retries):
+        again = [i for i, r in enumerate(results) if not r.ok and outcomes.side_of(
+            outcomes.result_outcome(r, config.tool_exception_side) or "answered") == outcomes.INFRASTRUCTURE]
+        if not again:
+            break
+        trajectory.metadata["infrastructure_retries"] = trajectory.metadata.get("infrastructure_retries", 0) + len(again)
+        for i, result in zip(again, await tool_manager.call([calls[i] for i in again], ctx)):
+            results[i] = result
+    return results
 
 
 def _observer_reward(values: list[Any]) -> float:
@@ -209,6 +231,8 @@ async def run_trajectory(
                 started = time.perf_counter()
                 ctx = {"sample": sample, "state": state, "trajectory": trajectory, "tool_names": tool_names}
                 results = await tool_manager.call(turn.tool_calls, ctx)
+                if config.infrastructure_retries:
+                    results = await _retried(tool_manager, turn.tool_calls, results, ctx, config, trajectory)
                 trajectory.metadata["tool_s"] += time.perf_counter() - started
                 trajectory.tool_results.extend(results)
             failures = [r for r in results if not r.ok]
@@ -362,7 +386,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     ``rollout/trajectories``, ``rollout/turns_mean``, ``rollout/model_tokens_mean`` (tokens
     the model wrote per trajectory), ``rollout/total_tokens_mean`` (prompt + all segments, of
     every sequence), ``rollout/sequences_mean`` (token sequences per trajectory),
-    ``rollout/tool_calls`` (total), ``rollout/tool_errors`` (total failed calls),
+    ``rollout/tool_calls`` (total), ``rollout/tool_errors`` (total failed calls, after retries),
+    ``rollout/infrastructure_retries`` (calls run again for failing on the infrastructure's side; only
+    when there were),
     ``rollout/tool_errors/<kind>``, ``rollout/parse_errors``, ``rollout/stop/<reason>`` (share
     of trajectories ending for each reason).
     """
@@ -378,6 +404,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     metrics["rollout/total_tokens_mean"] = sum(total_tokens) / n
     metrics["rollout/sequences_mean"] = sum(len(t.sequences) for t in trajectories) / n
     metrics["rollout/tool_calls"] = float(sum(len(t.tool_calls) for t in trajectories))
+    retried = sum(t.metadata.get("infrastructure_retries", 0) for t in trajectories)
+    if retried:
+        metrics["rollout/infrastructure_retries"] = float(retried)
     kinds: Counter[str] = Counter()
     for t in trajectories:
         kinds.update(t.metadata.get("tool_errors", {}))
