@@ -41,7 +41,7 @@ def test_the_short_form_runs_every_section_and_writes_the_table_and_json(tmp_pat
     assert all(sections["grpo_step"][mode]["parameter_tensors_moved"] == sections["grpo_step"][mode]["parameter_tensors"]
                for mode in ("padded", "packed"))
     families = ["tiny-llama3", "tiny-qwen3", "tiny-gpt-oss", "tiny-deepseek-v3"]
-    assert [name for name in sections["families"] if name != "ok" and name != "seconds"] == families
+    assert [name for name, value in sections["families"].items() if isinstance(value, dict)] == families
     for name in families:  # each architecture's sampler, trainer and GRPO step held to the same bounds
         summary = sections["families"][name]["summary"]
         assert summary["ok"] and summary["greedy not argmax"] == 0, (name, summary)
