@@ -260,6 +260,36 @@ def test_every_file_symlinked_out_of_the_runs_directory_is_refused_with_the_reas
     assert "secret-outside" not in str(page) + str(console)
 
 
+def test_one_step_file_symlinked_out_is_refused_and_one_linked_inside_is_read(ui_runs_dir, tmp_path_factory):
+    """A step's file is checked on its own (the directory holding it stays inside): one that
+    leads out is refused by name, in the list and when opened; one linking to another file of
+    the runs directory is read."""
+    outside = tmp_path_factory.mktemp("elsewhere-step")
+    runs_dir = tmp_path_factory.mktemp("ui-step-links") / "runs"
+    run = runs_dir / "linked"
+    shutil.copytree(ui_runs_dir / "tiny", run, symlinks=True)
+    train = run / "trajectories" / "train"
+    steps = sorted(train.glob("step-*.parquet"))
+    assert len(steps) >= 2
+    shutil.move(str(steps[0]), str(outside / steps[0].name))
+    steps[0].symlink_to(outside / steps[0].name)
+    shutil.copy(steps[1], run / "kept.parquet")
+    steps[1].unlink()
+    steps[1].symlink_to(run / "kept.parquet")
+    out_step, in_step = (int(p.name[5:11]) for p in steps[:2])
+    client = TestClient(create_app(runs_dir, token=TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}",
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+    refused = "a symlink out of the runs directory: not read"
+    page = client.get("/api/runs/linked").json()
+    assert page["errors"].get(f"train step {out_step}") == refused
+    assert out_step not in page["recorded"]["train"] and in_step in page["recorded"]["train"]
+    listed = client.get("/api/runs/linked/trajectories", params={"kind": "train"}).json()
+    assert {row["step"] for row in listed["rows"]} >= {in_step} and out_step not in {row["step"] for row in listed["rows"]}
+    opened = client.get(f"/api/runs/linked/trajectories/train/{out_step}/0")
+    assert opened.status_code >= 400 and refused in opened.text
+    assert client.get(f"/api/runs/linked/trajectories/train/{in_step}/0").status_code == 200
+
+
 def test_the_same_sample_view_has_every_evaluation_in_order_and_its_shared_prompt_once(ui_runs_dir, tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("ui-same") / "runs"
     shutil.copytree(ui_runs_dir / "tiny", runs_dir / "warm", symlinks=True)

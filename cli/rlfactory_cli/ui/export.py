@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 from typing import Any, Iterator
 from urllib.parse import quote
 
@@ -60,8 +61,10 @@ def trajectories_jsonl(data: RunsData, name: str, kind: str, **filters: Any) -> 
     offset = 0
     while True:
         page = data.trajectories(name, kind, offset=offset, limit=_PAGE, **filters)
-        for row in page["rows"]:
-            yield orjson.dumps(data.trajectory(name, kind, row["step"], row["index"])) + b"\n"
+        # the rows of one step that follow each other (all of a step's export) read its file once
+        for step, rows in itertools.groupby(page["rows"], key=lambda row: row["step"]):
+            for record in data.step_trajectories(name, kind, step, [row["index"] for row in rows]):
+                yield orjson.dumps(record) + b"\n"
         offset += len(page["rows"])
         if not page["rows"] or offset >= page["total"]:
             return
