@@ -360,7 +360,7 @@ class RunsData:
     def step_trajectories(self, name: str, kind: str, step: int, indices: list[int]) -> list[dict[str, Any]]:
         """:meth:`trajectory` of each of ``indices`` at one step, its file read once."""
         records = self._readable_records(name)
-        if step not in self._files(records, kind, {}) and step in records.files(kind):
+        if not self.readable(records.path(kind, step)):  # this one file, not the run's thousand
             raise RecordError(f"{kind} step {step}: {REFUSED}")
         return records.trajectories(kind, step, indices)
 
