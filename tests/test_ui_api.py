@@ -199,6 +199,38 @@ def test_a_resume_waits_for_the_last_child_to_end_not_for_its_interpreter_to_exi
         shutil.rmtree(run)
 
 
+def test_a_failed_run_shows_its_reason_and_offers_resume_only_from_a_checkpoint(client, runs_dir):
+    """A run that ended `failed` (failures.abort: one line naming the class) shows that line on
+    its page; Resume is offered where a checkpoint was saved (`--resume` continues once the
+    service is back) and refused, saying why, where none was."""
+    reason = "tool_unavailable ended 0.75 of step 2's trajectories (over failures.abort_share 0.5)"
+    made = []
+    try:
+        for name, saved in (("failed-saved", True), ("failed-early", False)):
+            run = runs_dir / name
+            shutil.copytree(runs_dir / "tiny", run)
+            made.append(run)
+            shutil.rmtree(run / "checkpoints", ignore_errors=True)
+            if saved:
+                (run / "checkpoints" / "step-000001").mkdir(parents=True)
+            (run / "status.json").write_text(json.dumps({
+                "version": 1, "state": "failed", "pid": os.getpid(), "host": socket.gethostname(),
+                "started_at": time.time(), "updated_at": time.time(), "step": 1, "steps": 2, "message": reason}))
+        saved_page = client.get("/api/runs/failed-saved").json()
+        assert saved_page["state"] == "failed" and saved_page["message"] == reason
+        assert saved_page["can_resume"] is True and saved_page["can_stop"] is False
+        early = client.get("/api/runs/failed-early").json()
+        assert early["state"] == "failed" and early["can_resume"] is False and early["can_stop"] is False
+        assert early["message"] == f"{reason}; no checkpoint to resume from"
+        refused = client.post("/api/runs/failed-early/resume")
+        assert refused.status_code == 409 and "no checkpoint" in refused.json()["error"]
+        listed = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+        assert listed["failed-saved"]["state"] == "failed"
+    finally:
+        for run in made:
+            shutil.rmtree(run)
+
+
 def test_stop_signals_only_the_process_that_holds_the_run(client, runs_dir):
     """A status.json naming a live process that is not the run's trainer (a reused pid, a
     process that only looks like `rlf train`): refused, nothing signalled."""
@@ -358,12 +390,14 @@ def test_search_finds_text_in_messages_tool_results_and_answers_with_where_it_is
     base = {"kind": "eval", "group": -1, "reward": 0.0, "stop_reason": "no_tool_call"}
     write_records(runs_dir / "found", "eval", 3, [
         {**base, "step": 3, "index": 0, "sample_id": "q0", "final_answer": "Nairobi",
+         "outcome": "answered", "outcome_side": "policy",
          "messages": [{"role": "user", "content": "What is the capital of Kenya?"},
                       {"role": "assistant", "content": "<search>Kenya capital</search>", "turn": 0},
                       {"role": "tool", "content": "Doc 1: the capital is Nairobi. Unique-Needle-42 sits here."}],
          "tool_calls": [{"name": "search", "arguments": '{"query": "Kenya capital"}', "turn": 0,
                          "result": "Doc 1: the capital is Nairobi. Unique-Needle-42 sits here."}]},
         {**base, "step": 3, "index": 1, "sample_id": "q1", "final_answer": "Lima",
+         "outcome": "tool_timeout", "outcome_side": "infrastructure",
          "messages": [{"role": "user", "content": "What is the capital of Peru?"}]}])
     client = TestClient(create_app(runs_dir, token=TOKEN, port=PORT), base_url=f"http://127.0.0.1:{PORT}",
                         headers={"Authorization": f"Bearer {TOKEN}"})
@@ -379,6 +413,14 @@ def test_search_finds_text_in_messages_tool_results_and_answers_with_where_it_is
     assert [h["where"] for h in arguments] == ["tool call 0 (search) arguments"]
     assert client.get("/api/runs/found/search", params={"q": "Kenya", "kind": "train"}).json()["total"] == 0
     assert client.get("/api/runs/found/search", params={"q": "  "}).json()["hits"] == []
+    # each hit says its trajectory's outcome; a class or a side narrows the search as it does the list
+    assert {(h["outcome"], h["outcome_side"]) for h in found["hits"]} == {("answered", "policy")}
+    everywhere = client.get("/api/runs/found/search", params={"q": "capital of"}).json()
+    assert [(h["index"], h["outcome"]) for h in everywhere["hits"]] == [(0, "answered"), (1, "tool_timeout")]
+    for outcome, indices in (("infrastructure", [1]), ("tool_timeout", [1]), ("policy", [0]), ("answered", [0]),
+                             ("reward_error", [])):
+        narrowed = client.get("/api/runs/found/search", params={"q": "capital of", "outcome": outcome}).json()
+        assert [h["index"] for h in narrowed["hits"]] == indices and narrowed["total"] == len(indices), outcome
     # the real run: its prompts hold the question of every trajectory
     tiny = client.get("/api/runs/tiny/search", params={"q": "user"}).json()
     assert tiny["total"] > 0 and len(tiny["hits"]) <= 200

@@ -358,8 +358,20 @@ def test_the_views_state_is_in_the_url_back_reload_and_links_restore_it(browser,
     browser.back()  # Back: the same kind, step and filters
     wait(browser, restored, message="the list as it was, after Back")
     assert browser.current_url == listed
+    browser.forward()  # Forward: the trajectory again, then Back to the list as it was
+    wait(browser, lambda d: "/t/train/1/" in d.current_url and d.find_elements(By.CSS_SELECTOR, "#tokens .tok"),
+         message="the trajectory, after Forward")
+    browser.back()
+    wait(browser, restored, message="the list as it was, after Forward and Back")
     browser.refresh()  # a reload, or the link pasted elsewhere
     wait(browser, restored, message="the list as it was, after a reload")
+    # the page of the list is in the URL too: a link with an offset opens there
+    rows = "return [...document.querySelectorAll('tr.trajectory-row')].map(r => r.dataset.step + '/' + r.dataset.index)"
+    browser.get(f"{base}/#/run/tiny?kind=eval&step=all")
+    wait(browser, lambda d: len(d.execute_script(rows)) > 4, message="every eval step's rows")
+    whole = browser.execute_script(rows)
+    browser.get(f"{base}/#/run/tiny?kind=eval&step=all&offset=2")
+    wait(browser, lambda d: d.execute_script(rows) == whole[2:], message="the list from its third row")
     browser.get(f"{base}/#/?compare=tiny,old&metric=eval%2Freward%2Faccuracy")
     wait(browser, lambda d: d.execute_script("const c = document.querySelector('#compare-plot .plot');"
                                              "return c && c.data && c.data.length === 2"),
@@ -445,6 +457,10 @@ def test_columns_sort_rows_answer_the_keyboard_and_the_page_follows_a_dark_syste
          == sorted((int(x.split("/")[0]) for x in d.execute_script(order)), reverse=True), message="the rows sorted")
     shown = browser.execute_script(order)
     assert int(shown[0].split("/")[0]) > int(shown[-1].split("/")[0])
+    # the plots' toolbars are out of the Tab order, so Tab reaches the filters without them
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".plot .modebar-btn"), message="the plots' toolbars")
+    assert browser.execute_script("const b = [...document.querySelectorAll('.plot .modebar-btn, .plot a')];"
+                                  "return b.length > 0 && b.every(e => e.tabIndex === -1)")
     # the keyboard: rows take the focus, j and k move it, Enter opens the row
     browser.execute_script("document.querySelector('tr.trajectory-row').focus()")
     focused = "return document.activeElement.dataset.step + '/' + document.activeElement.dataset.index"
@@ -541,12 +557,29 @@ def test_a_trajectory_leads_to_its_neighbours_and_its_group_where_two_members_di
     assert [int(m.get_attribute("data-index")) for m in members] == sorted(
         r["index"] for r in rows if r["group"] == first["group"])
     assert "advantage" in members[0].text and browser.find_element(By.ID, "shared-prompt")
+    assert first["outcome"] and "outcome" in members[0].text and first["outcome"] in members[0].text
+    # previous and next group: the step's groups in order, the ends not links
+    groups = sorted({r["group"] for r in rows if r["group"] >= 0})
+    at = groups.index(first["group"])
+    for link_id, target in (("previous-group", at - 1), ("next-group", at + 1)):
+        if 0 <= target < len(groups):
+            href = browser.find_element(By.ID, link_id).get_attribute("href")
+            assert href.endswith(f"#/run/tiny/group/train/1/{groups[target]}"), (link_id, href)
+        else:
+            assert not browser.find_elements(By.ID, link_id), link_id
+    members = browser.find_elements(By.CSS_SELECTOR, "#group-columns > div")
     for member in members[:2]:
         member.find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()
     browser.find_element(By.ID, "diff-button").click()
     wait(browser, lambda d: d.find_elements(By.ID, "token-diff"), message="the diff")
     assert "tokens are the same" in browser.find_element(By.ID, "token-diff").text
     assert browser.find_elements(By.CSS_SELECTOR, "#text-diff > div")
+    assert len(groups) >= 2  # the tiny run records two groups a step: next group leads to the other
+    other = groups[1] if at == 0 else groups[0]
+    browser.find_element(By.ID, "next-group" if at == 0 else "previous-group").click()
+    wanted = sorted(r["index"] for r in rows if r["group"] == other)
+    wait(browser, lambda d: [int(m.get_attribute("data-index")) for m in
+                             d.find_elements(By.CSS_SELECTOR, "#group-columns > div")] == wanted, message="the other group")
 
 
 def click_when_enabled(driver, button_id):

@@ -124,8 +124,9 @@ def create_app(runs_dir: str | Path, *, token: str, port: int, launcher: Launche
         return Response(data.trajectory_json(name, _kind(kind), step, index), media_type="application/json")
 
     @app.get("/api/runs/{name}/search")
-    def search_run(name: str, q: str = Query(..., max_length=1000), kind: str | None = None) -> JSONResponse:
-        return JSONResponse(search.search(data, name, q, _kind(kind) if kind else None))
+    def search_run(name: str, q: str = Query(..., max_length=1000), kind: str | None = None,
+                   outcome: str | None = Query(None, max_length=100)) -> JSONResponse:
+        return JSONResponse(search.search(data, name, q, _kind(kind) if kind else None, outcome=outcome))
 
     # ------------------------------------------------------------------ downloads
 

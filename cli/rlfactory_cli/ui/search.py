@@ -23,15 +23,19 @@ __all__ = ["search", "CONTEXT", "MAX_HITS"]
 CONTEXT = 80
 #: Hits returned at most (``total`` counts them all).
 MAX_HITS = 200
-_COLUMNS = ["index", "sample_id", "policy_version", "sequence_turns", "messages", "tool_calls", "final_answer"]
+_COLUMNS = ["index", "sample_id", "policy_version", "outcome", "outcome_side", "sequence_turns", "messages", "tool_calls",
+            "final_answer"]
 
 
 def search(data: RunsData, name: str, query: str, kind: str | None = None,
-           limit: int = MAX_HITS) -> dict[str, Any]:
-    """``query``'s occurrences in ``name``'s recorded trajectories (``kind``: one kind only).
+           limit: int = MAX_HITS, outcome: str | None = None) -> dict[str, Any]:
+    """``query``'s occurrences in ``name``'s recorded trajectories (``kind``: one kind only;
+    ``outcome``: trajectories of that outcome class, or of every class on that side, as the
+    trajectory list filters them).
 
     Returns ``{"query", "total": matches, "hits": [hit], "truncated": bool, "errors"}``; a hit
-    is ``{"kind", "step", "index", "sample_id", "policy_version", "where", "before", "match", "after"}`` with
+    is ``{"kind", "step", "index", "sample_id", "policy_version", "outcome", "outcome_side", "where",
+    "before", "match", "after"}`` (the outcome None in records that predate it) with
     ``where`` like ``message 3 (tool)``, ``tool call 0 (search) result`` or ``final answer``, and, in a
     trajectory of several token sequences, ``sequence`` (1, 2, ...: the one the hit's turn is in;
     none for the prompt's messages) and ``num_sequences``."""
@@ -50,7 +54,7 @@ def search(data: RunsData, name: str, query: str, kind: str | None = None,
                 errors[f"{each} step {step}"] = "recorded before token records (text only): not searched"
                 continue
             try:
-                found = _search_file(path, query)
+                found = _search_file(path, query, outcome or None)
             except Exception as exc:  # noqa: BLE001 - a damaged file is that step's error
                 errors[f"{each} step {step}"] = f"{type(exc).__name__}: {exc}"[:300]
                 continue
@@ -59,7 +63,7 @@ def search(data: RunsData, name: str, query: str, kind: str | None = None,
     return {"query": query, "total": total, "hits": hits, "truncated": total > len(hits), "errors": errors}
 
 
-def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
+def _search_file(path: Path, query: str, outcome: str | None = None) -> list[dict[str, Any]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -67,6 +71,8 @@ def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
     table = file.read(columns=[c for c in _COLUMNS if c in file.schema_arrow.names])  # version 3: no sequence_turns
     index, sample, version = (table[c].to_pylist() for c in ("index", "sample_id", "policy_version"))
     starts = table["sequence_turns"].to_pylist() if "sequence_turns" in table.column_names else [None] * len(index)
+    classes, sides = (table[c].to_pylist() if c in table.column_names else [None] * len(index)
+                      for c in ("outcome", "outcome_side"))
     found: list[tuple[int, tuple[int, ...], str, str, int | None]] = []  # (row, order in the row, where, text, turn)
     for rank, (column, fields) in enumerate((("messages", ("content",)), ("tool_calls", ("arguments", "result")))):
         lists = table[column]
@@ -93,9 +99,9 @@ def _search_file(path: Path, query: str) -> list[dict[str, Any]]:
     for row in answers.to_pylist():
         found.append((row, (2,), "final answer", table["final_answer"][row].as_py(), 1 << 14))
     found.sort(key=lambda hit: (hit[0], hit[1]))
-    return [{"index": index[row], "sample_id": sample[row], "policy_version": version[row], "where": where,
-             **_sequence_of(starts[row], turn), **_snippet(text, query)}
-            for row, _, where, text, turn in found]
+    return [{"index": index[row], "sample_id": sample[row], "policy_version": version[row], "outcome": classes[row],
+             "outcome_side": sides[row], "where": where, **_sequence_of(starts[row], turn), **_snippet(text, query)}
+            for row, _, where, text, turn in found if outcome is None or outcome in (classes[row], sides[row])]
 
 
 def _sequence_of(starts: list[int] | None, turn: int | None) -> dict[str, int]:

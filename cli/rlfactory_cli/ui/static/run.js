@@ -165,14 +165,18 @@ function searchBox(name) {
     const q = input.value.trim();
     if (!q) { put(results, ); return; }
     put(results, h("p", {class: "muted"}, "searching…"));
-    const {ok, body} = await api(`/api/runs/${enc(name)}/search?q=${enc(q)}`);
+    // within the outcome the list is filtered by (a class or a side), as the list shows it
+    const outcome = (document.getElementById("outcome") || {}).value || "";
+    const {ok, body} = await api(`/api/runs/${enc(name)}/search?q=${enc(q)}` + (outcome ? `&outcome=${enc(outcome)}` : ""));
     if (!ok) { put(results, h("div", {class: "error"}, body.error)); return; }
     put(results, h("p", {class: "muted"}, `${body.total} match${body.total === 1 ? "" : "es"}` +
+                     (outcome ? ` in outcome ${outcome}` : "") +
                      (body.truncated ? `, the first ${body.hits.length} shown` : "")), errorList(body.errors) || "",
       h("ol", {class: "hits"}, body.hits.map(hit => h("li", {class: "hit"},
         h("a", {href: `#/run/${enc(name)}/t/${enc(hit.kind)}/${hit.step}/${hit.index}?q=${enc(q)}`},
           `${hit.kind} step ${hit.step} · trajectory ${hit.index} · ${hit.sample_id} · ${hit.where}` +
           (hit.policy_version >= 0 ? ` · version ${hit.policy_version}` : "") +
+          (hit.outcome ? ` · ${hit.outcome}` : "") +
           (hit.num_sequences ? ` · sequence ${hit.sequence} of ${hit.num_sequences}` : "")),
         h("div", {class: "mono snippet"}, hit.before, h("mark", {}, hit.match), hit.after)))));
   }
