@@ -9,6 +9,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+# The untrained model's evals that runs keep for reuse (rlfactory_core.eval_reuse) go to a
+# directory of this test session, not the user's $RLFACTORY_HOME/evals: no test reads an
+# eval that an earlier session (other code, another model build) kept.
+if "RLFACTORY_EVAL_CACHE" not in os.environ:  # (pytest-xdist's workers inherit the controller's)
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["RLFACTORY_EVAL_CACHE"] = tempfile.mkdtemp(prefix="rlfactory-test-evals-")
+    atexit.register(shutil.rmtree, os.environ["RLFACTORY_EVAL_CACHE"], ignore_errors=True)
+
 
 # `make test` sets RLFACTORY_FORBID_SKIPS=1: there every dependency is installed, so a skip
 # (e.g. `importorskip("vllm")` after a broken install) would hide a feature that no longer

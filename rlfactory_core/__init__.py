@@ -28,6 +28,7 @@ from .errors import (
     UnknownComponentError,
     one_line,
 )
+from .fingerprints import files_fingerprint
 from .hookspecs import hookimpl
 from .interfaces import Env, ModelFamily, ResponseParser, Reward, Tool, ToolManager, check_component, member
 from .plugins import get_component
@@ -137,6 +138,8 @@ __all__ = [
     "tag_contents",
     "last_tag_content",
     "without_reasoning",
+    # an env's data_fingerprint
+    "files_fingerprint",
     # loaded on first use
     *_LAZY,
 ]

@@ -208,6 +208,11 @@ class EvalSection(_Section):
     splits: list[str] = _field(
         list, "more of the env's splits, each evaluated whole before training, after the cold start and at the "
               "last step (metrics eval/<split>/...); the periodic evals use data.eval_split")
+    reuse_untrained: bool = _field(
+        False, "reuse the eval before training from an earlier run of the same model files on the same samples "
+               "with the same settings, code and machine kind ($RLFACTORY_HOME/evals): every seed of a recipe "
+               "evaluates its starting model once. Only where the env fingerprints its data (data_fingerprint); "
+               "greedy evals only, or with train.seed in the key")
 
     @pydantic.field_validator("splits")
     @classmethod

@@ -240,6 +240,11 @@ MEMBERS: tuple[Member, ...] = (
     Member("env", "shows_images", "attribute", "shows_images: bool", False,
            "true when its messages carry images (`Message.images`): a text-only model is refused before the "
            "first rollout", default=False),
+    Member("env", "data_fingerprint", "method", "data_fingerprint(samples: Sequence[Sample]) -> str | None", False,
+           "what the episodes of `samples` read besides the samples and the installed code (a corpus, database "
+           "files), as a string that changes whenever any of it does; `\"\"` when they read nothing else, None when "
+           "they depend on what cannot be fingerprinted (a live service). With it, `eval.reuse_untrained` reuses "
+           "the untrained model's eval of the same samples across runs (rlfactory_core.eval_reuse)", default=None),
     Member("env", "build_data", "method",
            "build_data(out_dir: Path | None, *, force: bool, progress: Callable[[str], None]) -> Path", False,
            "build the env's data ahead of training (`rlf data build ENV`); a class or static method",

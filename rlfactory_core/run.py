@@ -32,12 +32,14 @@ from .config import RunConfig
 from .data import load_samples
 from .engines import build_driver_task, make_engine
 from .errors import ConfigError, Interrupted, RLFactoryError, one_line
+from .eval_reuse import UntrainedEvals, reuse_enabled
 from .evaluation import run_eval
 from .families import TEMPLATE, choose_family, tokenizer_sha256, with_recorded_family
 from .logs import LOG_FILE, log_to
 from .metrics import LiveView, MetricsLogger, read_metrics
 from .models import check_images, load_tokenizer, resolve_model
 from .plugins import notify
+from .records import RECORDS_DIR
 from .run_status import StatusWriter, hold_run
 from .runs import new_run_dir, write_run_files
 from .stopping import PhaseDropped, RunStopper
@@ -104,6 +106,7 @@ class Run:
     trained_ahead: set[int] = field(default_factory=set)  # positions past ``position`` already trained
     family: Any = None  # the model family chosen (rlfactory_core.families.FamilyChoice)
     split_samples: dict[str, Sequence[Any]] = field(default_factory=dict)  # eval.splits, each whole
+    untrained_evals: Any = None  # rlfactory_core.eval_reuse.UntrainedEvals: a new run's with eval.reuse_untrained
 
     def mark_trained(self, positions: Sequence[int]) -> None:
         """The prompts at data ``positions`` are trained: ``position`` moves past every prompt
@@ -148,14 +151,29 @@ class Run:
         ``eval/<split>/`` (its samples in ``samples/[samples_dir/]<split>``, its records of
         kind ``<kind>-<split>``)."""
         directory = self.run_dir / "samples" / samples_dir if samples_dir else self.run_dir / "samples"
-        metrics = await self.stop.droppable(run_eval(at_step, self.eval_samples, self.engine, self.config, directory,
-                                                     self.tokenizer, record_in=self.run_dir, record_kind=kind))
+        reuse = self.untrained_evals if at_step == 0 and kind == "eval" else None
+        metrics = await self._eval_once(at_step, self.eval_samples, directory, kind, reuse)
         for split, samples in self.split_samples.items() if whole_splits else ():
             self.view.message(f"eval on the {split} split ({len(samples)} samples)")
-            evaluated = await self.stop.droppable(run_eval(at_step, samples, self.engine, self.config,
-                                                           directory / split, self.tokenizer, record_in=self.run_dir,
-                                                           record_kind=f"{kind}-{split}"))
+            evaluated = await self._eval_once(at_step, samples, directory / split, f"{kind}-{split}", reuse)
             metrics.update({f"eval/{split}/{key.removeprefix('eval/')}": value for key, value in evaluated.items()})
+        return metrics
+
+    async def _eval_once(self, at_step: int, samples: Sequence[Any], directory: Path, kind: str,
+                         reuse: Any) -> dict[str, float]:
+        """One eval of ``samples``; the untrained model's is reused when ``reuse`` (an
+        :class:`~rlfactory_core.eval_reuse.UntrainedEvals`) has it, and kept for reuse otherwise."""
+        key = reuse.key(kind, samples) if reuse is not None else None
+        if key is not None and (found := reuse.load(key, self.run_dir)) is not None:
+            metrics, origin = found
+            self.view.message(f"{kind}: the untrained model's eval reused from {origin.get('run_dir', '?')} "
+                              f"({origin.get('time', '?')}: the same model files, samples, settings and code)")
+            return metrics
+        metrics = await self.stop.droppable(run_eval(at_step, samples, self.engine, self.config, directory,
+                                                     self.tokenizer, record_in=self.run_dir, record_kind=kind))
+        if key is not None:
+            written = [directory / f"step-{at_step:06d}.jsonl", self.run_dir / RECORDS_DIR / kind / f"step-{at_step:06d}.parquet"]
+            reuse.store(key, self.run_dir, metrics, [path for path in written if path.is_file()])
         return metrics
 
     def finished(self, step: int, metrics: dict[str, Any]) -> None:
@@ -271,7 +289,8 @@ async def _started(prepared: Prepared, run_dir: Path, saved: int, console: Any) 
                   position=0 if resumed is None else resumed["position"], start_step=start_step,
                   finished_step=start_step, last_saved=start_step,
                   trained_ahead=set(() if resumed is None else resumed.get("trained_ahead", ())),
-                  family=prepared.family, split_samples=prepared.split_samples)
+                  family=prepared.family, split_samples=prepared.split_samples,
+                  untrained_evals=_untrained_evals(config, task, prepared.base_path, start_step))
         with view:
             yield run
     except RunAborted as exc:  # the step was not trained: its model is that of the last finished step
@@ -312,6 +331,13 @@ def step_started(run: Run, step: int) -> None:
         raise PhaseDropped
     run.stop.at(step, finished=run.finished_step)
     run.rng_before_step = rng_state()
+
+
+def _untrained_evals(config: RunConfig, task: Any, base_path: Path, start_step: int) -> UntrainedEvals | None:
+    """A new run's reused evals of its starting model (``eval.reuse_untrained``), else None."""
+    if start_step != 0 or not config.eval.reuse_untrained or not reuse_enabled():
+        return None
+    return UntrainedEvals(config, task.env, base_path)
 
 
 def _shared_cores_warning(config: RunConfig) -> str | None:

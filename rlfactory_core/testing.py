@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 import pluggy
 
 from . import plugins
+from .eval_reuse import CACHE_ENV
 from .parser_conformance import (DECODE_FACTOR, MAX_ARGUMENT_DEPTH, MAX_SNIPPET_CHARS, PARSER_CORPUS, ParserCase,
                                  ParserCost, check_family_conformance, check_parser_case,
                                  check_parser_conformance, markup_cases, measure_parse)
@@ -290,10 +291,17 @@ def scripted_backend(backend: Any) -> Iterator[None]:
         return backend if hasattr(backend, "generate") else backend(model)
 
     rollout.make_backend = make_backend
+    # a scripted eval is not the model's: never kept for reuse, nor one kept before reused
+    reuse_before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = "off"
     try:
         yield
     finally:
         rollout.make_backend = original
+        if reuse_before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = reuse_before
 
 
 # --------------------------------------------------------------------------- hook coverage

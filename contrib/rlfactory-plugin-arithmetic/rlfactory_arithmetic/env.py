@@ -64,6 +64,11 @@ class ArithmeticEnv:
         # makes the plain name ambiguous, and this env means the core's.
         self.tools = [get_component("tool", "rlfactory:calculator")] if use_tools else []
 
+    def data_fingerprint(self, samples: Sequence[Any]) -> str:
+        """``""``: an episode reads its sample and the calculator, nothing else
+        (``eval.reuse_untrained`` may reuse the untrained model's eval)."""
+        return ""
+
     def dataset(self, size: int = 256, split: str = "train") -> list[dict[str, Any]]:
         """``size`` samples of ``split`` (``train`` or ``test``), the same for the same seed.
         The splits share no question: each ``a op b`` belongs to one split only."""

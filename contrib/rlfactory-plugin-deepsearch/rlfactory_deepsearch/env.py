@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rlfactory_core import (ConfigError, EnvReset, EnvStep, InfrastructureError, Message, ParsedTurn,
-                            RLFactoryError, Sample, ToolArgumentsError, ToolCall, ToolResult, get_component,
-                            last_tag_content, normalize_answer)
+                            RLFactoryError, Sample, ToolArgumentsError, ToolCall, ToolResult, files_fingerprint,
+                            get_component, last_tag_content, normalize_answer)
 
 __all__ = ["DeepSearchEnv", "SearchTool", "INSTRUCTION", "format_passages", "search_plan"]
 
@@ -190,7 +190,7 @@ class DeepSearchEnv:
         "parser": "search_r1",
         "rewards": [{"name": "search_r1"}],
         # the whole test split before training, after the cold start and at the end
-        "eval": {"rewards": [{"name": "exact_match"}], "every": 8, "temperature": 0.0},
+        "eval": {"rewards": [{"name": "exact_match"}], "every": 8, "temperature": 0.0, "reuse_untrained": True},
         "rollout": {"max_turns": 4, "max_tokens_per_turn": 40, "max_trajectory_tokens": 1536,
                     "sampling": {"temperature": 0.8}},
         # after the warm-up most groups are all right: dynamic sampling keeps the informative ones
@@ -299,6 +299,22 @@ class DeepSearchEnv:
         if self.corpus is not None:
             return "test_counterfactual is answered from the built changed world's corpus; drop env_options.corpus"
         return None
+
+    def data_fingerprint(self, samples: Sequence[Sample]) -> str | None:
+        """The corpora the episodes of ``samples`` search (the env's, and the changed world's
+        for the samples that name it), fingerprinted: ``eval.reuse_untrained`` keys on it.
+        None for the http retriever (its server's corpus may change unseen) and the dense one
+        (its embedding model is not fingerprinted)."""
+        if not self.use_tools:
+            return ""
+        if self.retriever_kind != "bm25":
+            return None
+        from .data import counterfactual_corpus_path, default_corpus_path
+
+        corpora = [self.corpus or (default_corpus_path() if self.data_dir is None else _built_corpus(self.data_dir))]
+        if any(sample.get("corpus") for sample in samples if hasattr(sample, "get")):
+            corpora.append(counterfactual_corpus_path(self.data_dir))
+        return files_fingerprint(corpora)
 
     def _retriever(self, corpus_name: str | None = None) -> Any:
         """The retriever of the env's corpus, or of the corpus a sample names (``counterfactual``)."""

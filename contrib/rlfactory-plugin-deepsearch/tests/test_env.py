@@ -429,3 +429,21 @@ async def test_require_search_sends_an_answer_without_a_search_back_once():
     await env.step(searched, ParsedTurn(text="...", content="", tool_calls=[call]), [ToolResult("search", "Doc 1...")])
     step = await env.step(searched, ParsedTurn(text="<answer>Lima</answer>", content="<answer>Lima</answer>"), [])
     assert step.done  # a search happened: the answer ends the episode
+
+
+def test_the_data_fingerprint_covers_the_corpora_an_episode_searches(built, tmp_path):
+    # eval.reuse_untrained keys on it (rlfactory_core.eval_reuse): it must move with the corpus
+    env = DeepSearchEnv(data_dir=str(built / "data"))
+    test, changed_world = env.dataset(4, "test"), env.dataset(4, "test_counterfactual")
+    fingerprint = env.data_fingerprint(test)
+    assert len(fingerprint) == 64 and env.data_fingerprint(test) == fingerprint
+    assert env.data_fingerprint(changed_world) not in (fingerprint, None)  # its own corpus too
+    assert DeepSearchEnv(data_dir=str(built / "data"), use_tools=False).data_fingerprint(test) == ""
+    # a server's corpus may change unseen; a dense retriever's embedding model is not fingerprinted
+    assert DeepSearchEnv(retriever="http", url="http://127.0.0.1:9/retrieve").data_fingerprint(test) is None
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "contents": "\\"Peru\\"\\nIts capital is Lima."}\n')
+    own = DeepSearchEnv(corpus=str(corpus))
+    before = own.data_fingerprint(test)
+    corpus.write_text('{"id": "1", "contents": "\\"Peru\\"\\nIts capital is Cusco."}\n')
+    assert own.data_fingerprint(test) != before

@@ -141,7 +141,7 @@ class AndroidEnv:
         "parser": "pythonic",
         "env_options": {"few_shot": False, "coordinates": False},
         "rewards": [{"name": "android_task"}],
-        "eval": {"every": 3, "temperature": 0.0},
+        "eval": {"every": 3, "temperature": 0.0, "reuse_untrained": True},
         "rollout": {"max_turns": 6, "max_tokens_per_turn": 64, "max_trajectory_tokens": 4096,
                     "sampling": {"temperature": 0.8}},
         "grpo": {"group_size": 4, "prompts_per_step": 4, "dynamic_sampling": True},
@@ -235,6 +235,12 @@ class AndroidEnv:
         return files
 
     # ------------------------------------------------------------------ data
+
+    def data_fingerprint(self, samples: Sequence[Any]) -> str | None:
+        """``""`` on the simulated phone (a task starts from its sample alone: its layout is
+        seeded by the task); None on a real device, whose state no key can capture
+        (``eval.reuse_untrained`` then evaluates every run)."""
+        return "" if self.backend == "simulated" else None
 
     def dataset(self, size: int | None = None, split: str = "train") -> list[dict[str, Any]]:
         """The first ``size`` tasks of ``split`` (all when None) as samples: the task's JSON

@@ -624,3 +624,12 @@ def test_no_connected_device_is_a_config_error_up_front(fake, monkeypatch):
         AndroidEnv(backend="adb", adb_path=fake.path)
     with pytest.raises(ConfigError, match="adb"):
         AndroidEnv(backend="adb", adb_path="/nonexistent/adb")
+
+
+def test_only_the_simulated_phone_lets_an_untrained_eval_be_reused(fake):
+    # eval.reuse_untrained (rlfactory_core.eval_reuse): a device's state is not in any key
+    from rlfactory_android import AndroidEnv
+
+    tasks = [{"id": "a", "goal": "Turn off Wi-Fi."}]
+    assert AndroidEnv().data_fingerprint(tasks) == ""
+    assert AndroidEnv(backend="adb", adb_path=fake.path).data_fingerprint(tasks) is None

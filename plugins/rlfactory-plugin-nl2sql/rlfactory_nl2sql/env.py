@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rlfactory_core import (ConfigError, EnvReset, EnvStep, Message, ParsedTurn, RLFactoryError, Sample,
-                            ToolArgumentsError, ToolCall, ToolResult, get_component, run_in_tool_thread)
+                            ToolArgumentsError, ToolCall, ToolResult, files_fingerprint, get_component,
+                            run_in_tool_thread)
 
 from . import data as builtin_data
 from .formats import database_dirs_for, database_path, known_databases, load_bird, load_spider
@@ -242,7 +243,7 @@ class NL2SQLEnv:
         "parser": "qwen3",
         "rewards": [{"name": "sql_execution"}],
         "eval": {"rewards": [{"name": "sql_execution", "options": {"format_score": 0.0}}], "every": 3,
-                 "temperature": 0.0},
+                 "temperature": 0.0, "reuse_untrained": True},
         "rollout": {"max_turns": 4, "max_tokens_per_turn": 128, "max_trajectory_tokens": 2048,
                     "sampling": {"temperature": 0.8}},
         "grpo": {"group_size": 8, "prompts_per_step": 4},
@@ -433,6 +434,13 @@ class NL2SQLEnv:
                              f"{' or '.join(map(str, dirs)) or 'no database directory'} (databases there: {shown}); "
                              "check env_options.data_dir / db_dir")
         return path
+
+    def data_fingerprint(self, samples: Sequence[Sample]) -> str:
+        """The databases the episodes of ``samples`` open and the reward checks on (each
+        sample's and its check copy), fingerprinted: ``eval.reuse_untrained`` keys on it."""
+        paths = {self.resolve_database(sample) for sample in samples}
+        paths |= {Path(str(sample["check_db_path"])) for sample in samples if sample.get("check_db_path")}
+        return files_fingerprint(paths)
 
     # ------------------------------------------------------------------ episodes
 

@@ -6,6 +6,7 @@ episodes through the core's agent loop and reward layer with a scripted model, a
 from __future__ import annotations
 
 import re
+import sqlite3
 
 import pytest
 
@@ -344,3 +345,19 @@ def test_rlf_eval_reports_the_execution_accuracy_of_what_the_model_answered(buil
     assert "reward/accuracy" in printed.out and "0.625" in printed.out
     rows = [json.loads(line) for line in next((report_dir / "samples").glob("*.jsonl")).read_text().splitlines()]
     assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]  # eval.save_samples: 8
+
+
+def test_the_data_fingerprint_covers_every_database_an_episode_opens(env, built, tmp_path):
+    # eval.reuse_untrained keys on it (rlfactory_core.eval_reuse): the databases and check copies
+    test = env.dataset(4, "test")
+    fingerprint = env.data_fingerprint(test)
+    assert len(fingerprint) == 64 and env.data_fingerprint(test) == fingerprint
+    assert all(s.get("check_db_path") for s in test)
+    copy = tmp_path / "world.sqlite"
+    copy.write_bytes(database_file(built).read_bytes())
+    mine = [sample(built, db_path=str(copy))]
+    before = env.data_fingerprint(mine)
+    assert before != fingerprint
+    with sqlite3.connect(copy) as db:
+        db.execute("UPDATE capitals SET name = 'Cusco' WHERE name = 'Lima'")
+    assert env.data_fingerprint(mine) != before
