@@ -172,7 +172,11 @@ class UntrainedEvals:
         """The entry of ``split``'s eval of ``samples``; None when the env cannot fingerprint
         what its episodes read (then the eval is not reused)."""
         fingerprint = member("env", self.env, "data_fingerprint")
-        data = fingerprint(samples) if fingerprint is not None else None
+        try:
+            data = fingerprint(samples) if fingerprint is not None else None
+        except Exception as exc:  # a sample naming a missing database: its episodes say so, not the key
+            log.warning("the eval before training is not reused: the env's data_fingerprint failed: %s", exc)
+            return None
         if data is None:
             return None
         text = json.dumps({**self.base, "split": split, "data": data, "samples": _canonical(list(samples))},

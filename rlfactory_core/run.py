@@ -166,13 +166,14 @@ class Run:
         key = reuse.key(kind, samples) if reuse is not None else None
         if key is not None and (found := reuse.load(key, self.run_dir)) is not None:
             metrics, origin = found
-            self.view.message(f"{kind}: the untrained model's eval reused from {origin.get('run_dir', '?')} "
+            self.view.message(f"eval before training ({kind}) reused from {origin.get('run_dir', '?')} "
                               f"({origin.get('time', '?')}: the same model files, samples, settings and code)")
             return metrics
         metrics = await self.stop.droppable(run_eval(at_step, samples, self.engine, self.config, directory,
                                                      self.tokenizer, record_in=self.run_dir, record_kind=kind))
         if key is not None:
-            written = [directory / f"step-{at_step:06d}.jsonl", self.run_dir / RECORDS_DIR / kind / f"step-{at_step:06d}.parquet"]
+            written = [directory / f"step-{at_step:06d}.jsonl",
+                       self.run_dir / RECORDS_DIR / kind / f"step-{at_step:06d}.parquet"]
             reuse.store(key, self.run_dir, metrics, [path for path in written if path.is_file()])
         return metrics
 

@@ -69,6 +69,17 @@ def test_the_key_changes_with_what_changes_the_eval_and_not_with_the_seed_of_a_g
     assert _evals(tmp_path, model, env=Bare()).key("eval", samples) is None
 
 
+class Failing(Env):
+    def data_fingerprint(self, samples):
+        raise ValueError("nl2sql sample s1: unknown db_id 'nowhere'")
+
+
+def test_a_failing_fingerprint_means_no_reuse_not_a_failed_run(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="rlfactory.eval"):
+        assert _evals(tmp_path, tmp_path, env=Failing()).key("eval", [{"question": "?"}]) is None
+    assert "data_fingerprint failed: nl2sql sample s1: unknown db_id 'nowhere'" in caplog.text
+
+
 def test_the_config_part_drops_only_what_cannot_touch_the_eval():
     greedy = reused_config(load_config([], []))
     assert "seed" not in greedy["train"] and "steps" not in greedy["train"] and "lr" in greedy["train"]
@@ -138,7 +149,7 @@ def test_a_second_run_reuses_the_first_runs_untrained_eval_files_and_all(tmp_pat
     for name in ("samples/step-000000.jsonl", "trajectories/eval/step-000000.parquet"):
         assert (runs["second"] / name).read_bytes() == (runs["first"] / name).read_bytes()
     assert len(RunRecords(runs["second"]).list("eval", 0)) == 4
-    assert f"eval: the untrained model's eval reused from {runs['first']}" in runs["second", "out"]
+    assert f"eval before training (eval) reused from {runs['first']}" in runs["second", "out"]
     assert "reused" not in runs["first", "out"] + runs["off", "out"]
     assert len(list((tmp_path / "evals").iterdir())) == 1
 
