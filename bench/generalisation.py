@@ -10,7 +10,11 @@ warm-up alone, and the base model with its tools off (``rlf eval``, ``use_tools:
 beside them; the split's other degenerate baselines and the scripted solver's ceiling are
 ``bench/generalisation_baselines.py``'s. Then each seed's minutes.
 
-    .venv/bin/python bench/generalisation.py --work-dir DIR --seeds 0 1 2
+    .venv/bin/python bench/generalisation.py --work-dir DIR --seeds 0 1 2                  # deepsearch
+    .venv/bin/python bench/generalisation.py --env nl2sql --work-dir DIR --seeds 0 1 2     # or android
+
+The env's defaults reuse the untrained model's eval (``eval.reuse_untrained``): the first seed
+evaluates the base model on every split, the others copy it (the same model, samples and code).
     .venv/bin/python bench/generalisation.py --work-dir DIR --seeds 0 -- train.steps=4   # more overrides
 """
 
@@ -27,8 +31,10 @@ from typing import Any
 from rlfactory_core.metrics import read_metrics
 
 SPLITS = {"deepsearch": ("test", "test_wordings", "test_composition", "test_counterfactual"),
-          "nl2sql": ("test", "test_wordings", "test_skeletons")}
-#: The env option that turns its tools off (the tools-off baseline).
+          "nl2sql": ("test", "test_wordings", "test_skeletons"),
+          "android": ("test", "test_layouts")}
+#: The env option that turns its tools off (the tools-off baseline). An android agent acts only
+#: through its tools: without them nothing happens (0.000, bench/android_baselines.py's "doing nothing").
 TOOLS_OFF = {"deepsearch": "env_options={use_tools: false}", "nl2sql": "env_options={tools: false}"}
 ACCURACY = "reward/accuracy"
 
@@ -61,8 +67,11 @@ def run_seed(env: str, seed: int, work: Path, overrides: list[str]) -> dict[str,
             "steps": last["step"]}
 
 
-def tools_off(env: str, split: str, work: Path) -> float:
-    """The base model with its tools off on the whole split (``rlf eval``, cached in ``work``)."""
+def tools_off(env: str, split: str, work: Path) -> float | None:
+    """The base model with its tools off on the whole split (``rlf eval``, cached in ``work``);
+    None for an env that cannot run without its tools."""
+    if env not in TOOLS_OFF:
+        return None
     report = work / (f"tools-off-{split}" if env == "deepsearch" else f"tools-off-{env}-{split}")
     if not (report / "report.json").is_file():
         print(f"{env} {split}, tools off ...", flush=True)
@@ -99,7 +108,7 @@ def main(argv: list[str]) -> None:
     for split in SPLITS[args.env]:
         base, warm, final = ([run["scores"][split][i] for run in runs] for i in range(3))
         gains = [f - w for f, w in zip(final, warm) if f is not None and w is not None]
-        print(f"| `{split}` | {off[split]:.3f} | {spread(base)} | {spread(warm)} | {spread(final)} | {spread(gains)} |")
+        print(f"| `{split}` | {spread([off[split]])} | {spread(base)} | {spread(warm)} | {spread(final)} | {spread(gains)} |")
     for run in runs:
         print(f"  seed {run['seed']}: {run['steps']} steps, {run['minutes']:.1f} min")
 
